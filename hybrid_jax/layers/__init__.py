@@ -1,0 +1,1 @@
+"""Qwen3.5 layers: one file per layer type."""

@@ -1,0 +1,107 @@
+"""Gated DeltaNet (linear attention) layer of Qwen3.5.
+
+Projections (flat layout: q | k | v channels), a causal depthwise conv (kernel 4) + SiLU over the q/k/v
+channels, L2-normalised q/k, ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)``, the gated
+delta rule with an fp32 state, a gated RMSNorm with ``silu(z)`` and the output projection.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.config import Qwen35Config
+from hybrid_jax.layers.linear import Linear
+from hybrid_jax.layers.norm import GatedRMSNorm
+from hybrid_jax.ops import gated_delta
+
+F32 = jnp.float32
+L2_EPS = 1e-6
+
+
+def l2_normalize(x: jax.Array) -> jax.Array:
+    xf = x.astype(F32)
+    return xf * jax.lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + L2_EPS)
+
+
+def causal_conv(window: jax.Array, weight: jax.Array) -> jax.Array:
+    """Depthwise causal conv. window [..., K-1+T, C] (cached raw columns first), weight [K, C] -> [..., T, C] fp32."""
+    kernel = weight.shape[0]
+    t = window.shape[-2] - (kernel - 1)
+    w = weight.astype(F32)
+    return sum(window[..., j: j + t, :].astype(F32) * w[j] for j in range(kernel))
+
+
+class DepthwiseConv(nnx.Module):
+    """Holds the conv kernel ``[K, C]`` (HF stores ``conv1d.weight`` as ``[C, 1, K]``)."""
+
+    def __init__(self, channels: int, kernel: int, dtype, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jax.random.normal(rngs.params(), (kernel, channels), dtype) * kernel**-0.5)
+
+
+class GatedDeltaNet(nnx.Module):
+    def __init__(self, config: Qwen35Config, dtype, *, rngs: nnx.Rngs):
+        c = config
+        self.num_k_heads, self.num_v_heads = c.linear_num_key_heads, c.linear_num_value_heads
+        self.k_dim, self.v_dim = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim, self.conv_dim = c.linear_key_dim, c.linear_value_dim, c.conv_dim
+        self.kernel = c.linear_conv_kernel_dim
+        self.in_proj_qkv = Linear(c.hidden_size, c.conv_dim, dtype, rngs=rngs)
+        self.in_proj_z = Linear(c.hidden_size, c.linear_value_dim, dtype, rngs=rngs)
+        self.in_proj_b = Linear(c.hidden_size, c.linear_num_value_heads, dtype, rngs=rngs)
+        self.in_proj_a = Linear(c.hidden_size, c.linear_num_value_heads, dtype, rngs=rngs)
+        self.conv1d = DepthwiseConv(c.conv_dim, c.linear_conv_kernel_dim, dtype, rngs=rngs)
+        hv = c.linear_num_value_heads
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (hv,), F32, 1.0, 16.0)))
+        self.dt_bias = nnx.Param(jnp.ones((hv,), dtype))
+        self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps)
+        self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
+
+    def project(self, x: jax.Array, conv_state: jax.Array):
+        """Everything before the delta rule.
+
+        x [..., T, D]; conv_state [..., K-1, C] (raw columns before the conv). Returns q, k [..., T, Hk, dk]
+        (normalised, q scaled, fp32), v [..., T, Hv, dv], g, beta [..., T, Hv] fp32, z [..., T, Hv, dv] and
+        the new conv state [..., K-1, C].
+        """
+        lead = x.shape[:-2]
+        t = x.shape[-2]
+        mixed = self.in_proj_qkv(x)  # [..., T, C]
+        window = jnp.concatenate([conv_state.astype(mixed.dtype), mixed], axis=-2)
+        new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :]
+        mixed = jax.nn.silu(causal_conv(window, self.conv1d.weight[...])).astype(x.dtype)
+        q = mixed[..., : self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
+        k = mixed[..., self.key_dim: 2 * self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
+        v = mixed[..., 2 * self.key_dim:].reshape(*lead, t, self.num_v_heads, self.v_dim)
+        q = l2_normalize(q) * self.k_dim**-0.5
+        k = l2_normalize(k)
+        beta = jax.nn.sigmoid(self.in_proj_b(x).astype(F32))
+        a = self.in_proj_a(x).astype(F32)
+        g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
+        z = self.in_proj_z(x).reshape(*lead, t, self.num_v_heads, self.v_dim)
+        return q, k, v, g, beta, z, new_conv_state
+
+    def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
+        """o [..., T, Hv, dv] fp32 (delta-rule output), z [..., T, Hv, dv] -> [..., T, D]."""
+        y = self.norm(o.astype(z.dtype), z)
+        return self.out_proj(y.reshape(*y.shape[:-2], self.value_dim))
+
+    def __call__(self, x: jax.Array, cache: dict | None = None):
+        """x [B, T, D]; cache {"conv": [B, K-1, C], "state": [B, Hv, dk, dv] fp32} or None (zeros).
+
+        Returns (y [B, T, D], new cache or None).
+        """
+        state = self.init_cache(x.shape[0], x.dtype) if cache is None else cache
+        q, k, v, g, beta, z, conv = self.project(x, state["conv"])
+        if x.shape[1] == 1 and cache is not None:
+            o, s = gated_delta.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state["state"])
+            o = o[:, None]
+        else:
+            o, s = gated_delta.gated_delta_chunked(q, k, v, g, beta, state["state"])
+        y = self.output(o, z)
+        return y, (None if cache is None else {"conv": conv, "state": s})
+
+    def init_cache(self, batch: int, dtype) -> dict:
+        return {"conv": jnp.zeros((batch, self.kernel - 1, self.conv_dim), dtype),
+                "state": jnp.zeros((batch, self.num_v_heads, self.k_dim, self.v_dim), F32)}

@@ -1,0 +1,18 @@
+"""SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from hybrid_jax.layers.linear import Linear
+
+
+class MLP(nnx.Module):
+    def __init__(self, hidden: int, intermediate: int, dtype, *, rngs: nnx.Rngs):
+        self.gate_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
+        self.up_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
+        self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))

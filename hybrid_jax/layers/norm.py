@@ -1,0 +1,39 @@
+"""RMS norms: zero-centred ``(1 + w)`` for the residual stream and q/k, plain ``w`` gated norm in GDN."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+F32 = jnp.float32
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+    """x / rms(x) over the last axis, in fp32."""
+    xf = x.astype(F32)
+    return xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+
+
+class RMSNorm(nnx.Module):
+    """Zero-centred RMSNorm: ``normalize(x) * (1 + w)`` in fp32, then cast back (w = 0 is identity)."""
+
+    def __init__(self, dim: int, eps: float, dtype, *, rngs: nnx.Rngs | None = None):
+        self.weight = nnx.Param(jnp.zeros((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = rms_normalize(x, self.eps) * (1.0 + self.weight[...].astype(F32))
+        return y.astype(x.dtype)
+
+
+class GatedRMSNorm(nnx.Module):
+    """GDN output norm: ``w * normalize(o)`` (plain weight, kept fp32) gated by ``silu(z)``."""
+
+    def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs | None = None):
+        self.weight = nnx.Param(jnp.ones((dim,), F32))
+        self.eps = eps
+
+    def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:  # o, z: [..., dv]
+        n = rms_normalize(o, self.eps).astype(o.dtype).astype(F32) * self.weight[...].astype(F32)
+        return (n * jax.nn.silu(z.astype(F32))).astype(o.dtype)

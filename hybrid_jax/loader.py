@@ -1,0 +1,27 @@
+"""Build a model: from a Hugging Face checkpoint directory, or with random weights at any config's shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.config import Qwen35Config, preset
+from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.weights import abstract_model, load_weights
+
+
+def load_pretrained(path: str | Path, dtype="bfloat16") -> Qwen35ForCausalLM:
+    """Load ``config.json`` + safetensors from a checkpoint directory into a Flax NNX model."""
+    config = Qwen35Config.from_pretrained(path)
+    model = abstract_model(config, jnp.dtype(dtype))
+    load_weights(model, path)
+    return model
+
+
+def random_model(config: Qwen35Config | str, dtype="bfloat16", seed: int = 0) -> Qwen35ForCausalLM:
+    """A model with random weights at ``config``'s shapes (a preset name or a config); for tests and benchmarks."""
+    if isinstance(config, str):
+        config = preset(config)
+    return Qwen35ForCausalLM(config, jnp.dtype(dtype), rngs=nnx.Rngs(seed))

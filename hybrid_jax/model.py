@@ -1,0 +1,102 @@
+"""The Qwen3.5 dense hybrid decoder (Flax NNX): GDN layers, every 4th layer gated attention."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.config import FULL_ATTENTION, Qwen35Config
+from hybrid_jax.layers.attention import GatedAttention
+from hybrid_jax.layers.gdn import GatedDeltaNet
+from hybrid_jax.layers.linear import Linear
+from hybrid_jax.layers.mlp import MLP
+from hybrid_jax.layers.norm import RMSNorm
+
+F32 = jnp.float32
+
+
+class Embedding(nnx.Module):
+    def __init__(self, vocab: int, dim: int, dtype, *, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jax.random.normal(rngs.params(), (vocab, dim), dtype))
+
+    def __call__(self, ids: jax.Array) -> jax.Array:  # [...] int -> [..., D]
+        return jnp.take(self.weight[...], ids, axis=0)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm residual block: mixer (GDN or gated attention), then SwiGLU MLP."""
+
+    def __init__(self, config: Qwen35Config, layer_type: str, dtype, *, rngs: nnx.Rngs):
+        self.is_attention = layer_type == FULL_ATTENTION
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if self.is_attention:
+            self.self_attn = GatedAttention(config, dtype, rngs=rngs)
+        else:
+            self.linear_attn = GatedDeltaNet(config, dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs=rngs)
+
+    @property
+    def mixer(self) -> GatedAttention | GatedDeltaNet:
+        return self.self_attn if self.is_attention else self.linear_attn
+
+    def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None):
+        h = self.input_layernorm(x)
+        if self.is_attention:
+            h, cache = self.self_attn(h, positions, cache)
+        else:
+            h, cache = self.linear_attn(h, cache)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class Qwen35ForCausalLM(nnx.Module):
+    """Qwen3.5 text model with its LM head.
+
+    ``model(input_ids [B, T])`` gives fp32 logits [B, T, V] for full sequences; ``model.forward`` also
+    carries a cache (``init_cache``) for incremental decoding.
+    """
+
+    def __init__(self, config: Qwen35Config, dtype=jnp.bfloat16, *, rngs: nnx.Rngs):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, rngs=rngs)
+        self.layers = nnx.List(
+            [DecoderLayer(config, t, dtype, rngs=rngs) for t in config.layer_types])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array) -> jax.Array:
+        positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+        return self.forward(input_ids, positions)[0]
+
+    def forward(self, input_ids: jax.Array, positions: jax.Array, cache: list | None = None):
+        """input_ids, positions [B, T] -> (logits [B, T, V] fp32, new cache or None)."""
+        return self.logits(*self.hidden_states(input_ids, positions, cache))
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array, cache: list | None = None):
+        """Final-normed hidden states [B, T, D] and the new cache (None without one)."""
+        x = self.embed_tokens(input_ids)
+        new_cache = [] if cache is not None else None
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(x, positions, None if cache is None else cache[i])
+            if cache is not None:
+                new_cache.append(layer_cache)
+        return self.norm(x), new_cache
+
+    def logits(self, h: jax.Array, cache=None):
+        """h [..., D] -> (logits [..., V] fp32, cache)."""
+        if self.config.tie_word_embeddings:
+            w = self.embed_tokens.weight[...]  # [V, D]
+            out = jnp.einsum("...d,vd->...v", h.astype(w.dtype), w, preferred_element_type=F32)
+        else:
+            w = self.lm_head.kernel[...]  # [D, V]
+            out = jnp.dot(h.astype(w.dtype), w, preferred_element_type=F32)
+        return out, cache
+
+    def init_cache(self, batch: int, max_len: int) -> list[dict]:
+        """Dense per-layer cache: KV [B, max_len, Hkv, hd] for attention, conv + fp32 state for GDN."""
+        return [layer.self_attn.init_cache(batch, max_len, self.dtype) if layer.is_attention
+                else layer.linear_attn.init_cache(batch, self.dtype) for layer in self.layers]

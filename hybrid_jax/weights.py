@@ -1,0 +1,216 @@
+"""Hugging Face safetensors <-> model parameters, through one declarative name table.
+
+Checkpoint names (text part) are matched after dropping the layout prefix (``model.language_model.`` for
+Qwen3_5ForConditionalGeneration, ``model.`` for Qwen3_5ForCausalLM). ``model.visual.*`` and ``mtp.*``
+are skipped. Tensors are read one at a time from memory-mapped files and placed on the device, so the
+host never holds a second full copy of the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from hybrid_jax.config import Qwen35Config
+from hybrid_jax.model import Qwen35ForCausalLM
+
+SKIPPED = re.compile(r"^(model\.visual\.|mtp\.|model\.mtp\.)")
+PREFIXES = ("model.language_model.", "model.")
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the config; the message names the tensor and its file."""
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How a checkpoint tensor maps onto a parameter, and back."""
+
+    to_param: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+    keep_fp32: bool = False
+
+
+SAME = Transform(lambda x: x, lambda x: x)
+FP32 = Transform(lambda x: x, lambda x: x, keep_fp32=True)
+LINEAR = Transform(lambda w: w.T, lambda k: k.T)  # [out, in] <-> [in, out]
+CONV = Transform(lambda w: w[:, 0, :].T, lambda k: k.T[:, None, :])  # [C, 1, K] <-> [K, C]
+
+# (checkpoint name without prefix, parameter path, transform); "{i}" is the layer index.
+NAME_TABLE: tuple[tuple[str, str, Transform], ...] = (
+    ("embed_tokens.weight", "embed_tokens.weight", SAME),
+    ("norm.weight", "norm.weight", SAME),
+    ("lm_head.weight", "lm_head.kernel", LINEAR),
+    ("layers.{i}.input_layernorm.weight", "layers.{i}.input_layernorm.weight", SAME),
+    ("layers.{i}.post_attention_layernorm.weight", "layers.{i}.post_attention_layernorm.weight", SAME),
+    ("layers.{i}.mlp.gate_proj.weight", "layers.{i}.mlp.gate_proj.kernel", LINEAR),
+    ("layers.{i}.mlp.up_proj.weight", "layers.{i}.mlp.up_proj.kernel", LINEAR),
+    ("layers.{i}.mlp.down_proj.weight", "layers.{i}.mlp.down_proj.kernel", LINEAR),
+    ("layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.q_proj.kernel", LINEAR),
+    ("layers.{i}.self_attn.k_proj.weight", "layers.{i}.self_attn.k_proj.kernel", LINEAR),
+    ("layers.{i}.self_attn.v_proj.weight", "layers.{i}.self_attn.v_proj.kernel", LINEAR),
+    ("layers.{i}.self_attn.o_proj.weight", "layers.{i}.self_attn.o_proj.kernel", LINEAR),
+    ("layers.{i}.self_attn.q_norm.weight", "layers.{i}.self_attn.q_norm.weight", SAME),
+    ("layers.{i}.self_attn.k_norm.weight", "layers.{i}.self_attn.k_norm.weight", SAME),
+    ("layers.{i}.linear_attn.in_proj_qkv.weight", "layers.{i}.linear_attn.in_proj_qkv.kernel", LINEAR),
+    ("layers.{i}.linear_attn.in_proj_z.weight", "layers.{i}.linear_attn.in_proj_z.kernel", LINEAR),
+    ("layers.{i}.linear_attn.in_proj_b.weight", "layers.{i}.linear_attn.in_proj_b.kernel", LINEAR),
+    ("layers.{i}.linear_attn.in_proj_a.weight", "layers.{i}.linear_attn.in_proj_a.kernel", LINEAR),
+    ("layers.{i}.linear_attn.conv1d.weight", "layers.{i}.linear_attn.conv1d.weight", CONV),
+    ("layers.{i}.linear_attn.A_log", "layers.{i}.linear_attn.A_log", FP32),
+    ("layers.{i}.linear_attn.dt_bias", "layers.{i}.linear_attn.dt_bias", SAME),
+    ("layers.{i}.linear_attn.norm.weight", "layers.{i}.linear_attn.norm.weight", FP32),
+    ("layers.{i}.linear_attn.out_proj.weight", "layers.{i}.linear_attn.out_proj.kernel", LINEAR),
+)
+
+
+def _compile_table():
+    rules = []
+    for hf, param, transform in NAME_TABLE:
+        pattern = re.compile("^" + re.escape(hf).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+        rules.append((pattern, param, transform))
+    return rules
+
+
+_RULES = _compile_table()
+
+
+def match_name(hf_name: str) -> tuple[str, Transform] | None:
+    """Checkpoint tensor name -> (parameter path "a.b.0.c", transform), or None if it is not a text tensor."""
+    for prefix in PREFIXES:
+        if hf_name.startswith(prefix):
+            hf_name = hf_name[len(prefix):]
+            break
+    for pattern, param, transform in _RULES:
+        m = pattern.match(hf_name)
+        if m:
+            return param.replace("{i}", m.group("i")) if "i" in m.groupdict() else param, transform
+    return None
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (sharded through the index, or single)."""
+    index = path / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: weight_map: unreadable index ({e})") from None
+        files = sorted({path / f for f in weight_map.values()})
+        for f in files:
+            if not f.exists():
+                raise CheckpointError(f"{index}: names shard {f.name}, which does not exist")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors files and no {INDEX_FILE}")
+    return files
+
+
+def abstract_model(config: Qwen35Config, dtype) -> Qwen35ForCausalLM:
+    """The model with shape-only parameters (nothing allocated)."""
+    return nnx.eval_shape(lambda: Qwen35ForCausalLM(config, dtype, rngs=nnx.Rngs(0)))
+
+
+def _flat_params(model: nnx.Module) -> dict[str, nnx.Variable]:
+    return {".".join(str(p) for p in path): var
+            for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def load_weights(model: Qwen35ForCausalLM, path: str | Path) -> None:
+    """Fill an (abstract or real) model's parameters from the checkpoint in ``path``, in place."""
+    path = Path(path)
+    params = _flat_params(model)
+    seen: dict[str, str] = {}
+    tied = model.config.tie_word_embeddings
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if SKIPPED.match(name):
+                    continue
+                matched = match_name(name)
+                if matched is None:
+                    raise CheckpointError(f"{file}: unexpected tensor {name!r}")
+                param_path, transform = matched
+                if param_path.startswith("lm_head.") and tied:
+                    continue  # tied checkpoints may still carry lm_head; HF ties it to the embedding
+                var = params.get(param_path)
+                if var is None:
+                    raise CheckpointError(f"{file}: tensor {name!r} has no place in this config "
+                                          f"(no parameter {param_path})")
+                if param_path in seen:
+                    raise CheckpointError(f"{file}: tensor {name!r} also appears in {seen[param_path]}")
+                shape = tuple(f.get_slice(name).get_shape())
+                expected = _hf_shape(transform, var.shape)
+                if shape != expected:
+                    raise CheckpointError(f"{file}: tensor {name!r} has shape {list(shape)}, "
+                                          f"expected {list(expected)} for this config")
+                target = jnp.float32 if transform.keep_fp32 else var.dtype
+                value = transform.to_param(f.get_tensor(name))
+                var.set_value(jax.device_put(np.asarray(value).astype(target, copy=False)))
+                seen[param_path] = str(file)
+    missing = sorted(set(params) - set(seen))
+    if missing:
+        raise CheckpointError(f"{path}: missing tensors for parameters {missing[:8]}"
+                              + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+
+
+def _hf_shape(transform: Transform, param_shape: tuple[int, ...]) -> tuple[int, ...]:
+    return transform.to_hf(np.empty(param_shape, dtype=np.bool_)).shape
+
+
+def hf_tensors(model: Qwen35ForCausalLM) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF CausalLM name, array) for every parameter, in the checkpoint layout."""
+    for param_path, var in _flat_params(model).items():
+        matched = _param_to_hf(param_path)
+        if matched is None:
+            raise CheckpointError(f"parameter {param_path} has no checkpoint name")
+        name, transform = matched
+        yield name, np.ascontiguousarray(transform.to_hf(np.asarray(var[...])))
+
+
+def _param_to_hf(param_path: str) -> tuple[str, Transform] | None:
+    m = re.match(r"^layers\.(\d+)\.", param_path)
+    for hf, param, transform in NAME_TABLE:
+        candidate = param.replace("{i}", m.group(1)) if m else param
+        if candidate == param_path:
+            name = hf.replace("{i}", m.group(1)) if m else hf
+            return (name if name.startswith("lm_head") else "model." + name), transform
+    return None
+
+
+def save_pretrained(model: Qwen35ForCausalLM, path: str | Path, max_shard_bytes: int = 5 << 30) -> None:
+    """Write ``config.json`` and safetensors (sharded with an index above ``max_shard_bytes``), HF layout."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2))
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, array in hf_tensors(model):
+        if shards[-1] and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += array.nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for n, shard in enumerate(shards, 1):
+        file = f"model-{n:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(a.nbytes for s in shards for a in s.values())
+    (path / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                              indent=2))
