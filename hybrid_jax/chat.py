@@ -19,7 +19,8 @@ class ChatTemplateError(ValueError):
 # Our own template, written from the Qwen3.5 behaviour: ChatML turns, XML tool calls, reasoning kept only
 # after the last real user query, and thinking OFF unless enable_thinking is true (as in the small models).
 BUILTIN_TEMPLATE = r"""
-{%- set tool_instructions = 'If you decide to call a function, reply ONLY in the format below, with nothing after it:\n\n'
+{%- set tool_instructions = 'If you decide to call a function, reply ONLY in the format below, '
+    ~ 'with nothing after it:\n\n'
     ~ '<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n'
     ~ '<parameter=example_parameter_2>\nA value for the second parameter\nmay span\nseveral lines\n</parameter>\n'
     ~ '</function>\n</tool_call>\n\n'

@@ -80,6 +80,9 @@ class Qwen35Config:
         return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR_ATTENTION)
 
     def replace(self, **changes: Any) -> Qwen35Config:
+        """A copy with ``changes``; a new layer count without new layer_types gets the default pattern."""
+        if "num_hidden_layers" in changes and "layer_types" not in changes:
+            changes["layer_types"] = ()
         return dataclasses.replace(self, **changes)
 
     def validate(self, source: str = "config") -> None:
@@ -212,7 +215,7 @@ class Qwen35Config:
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
-            "eos_token_id": self.eos_token_ids[-1],
+            "eos_token_id": list(self.eos_token_ids),
         }
 
 

@@ -42,13 +42,15 @@ class DecoderLayer(nnx.Module):
         return self.self_attn if self.is_attention else self.linear_attn
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None):
-        h = self.input_layernorm(x)
+        """x [B, T, D] fp32 residual stream -> (new residual, new cache)."""
+        dtype = self.mlp.down_proj.kernel.dtype
+        h = self.input_layernorm(x, dtype)
         if self.is_attention:
             h, cache = self.self_attn(h, positions, cache)
         else:
             h, cache = self.linear_attn(h, cache)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        return x + self.mlp(self.post_attention_layernorm(x, dtype)), cache
 
 
 class Qwen35ForCausalLM(nnx.Module):
@@ -78,13 +80,13 @@ class Qwen35ForCausalLM(nnx.Module):
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array, cache: list | None = None):
         """Final-normed hidden states [B, T, D] and the new cache (None without one)."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids).astype(F32)  # the residual stream is kept in fp32
         new_cache = [] if cache is not None else None
         for i, layer in enumerate(self.layers):
             x, layer_cache = layer(x, positions, None if cache is None else cache[i])
             if cache is not None:
                 new_cache.append(layer_cache)
-        return self.norm(x), new_cache
+        return self.norm(x, self.dtype), new_cache
 
     def logits(self, h: jax.Array, cache=None):
         """h [..., D] -> (logits [..., V] fp32, cache)."""

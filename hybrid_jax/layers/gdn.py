@@ -70,21 +70,21 @@ class GatedDeltaNet(nnx.Module):
         mixed = self.in_proj_qkv(x)  # [..., T, C]
         window = jnp.concatenate([conv_state.astype(mixed.dtype), mixed], axis=-2)
         new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :]
-        mixed = jax.nn.silu(causal_conv(window, self.conv1d.weight[...])).astype(x.dtype)
+        mixed = jax.nn.silu(causal_conv(window, self.conv1d.weight[...]))  # fp32
         q = mixed[..., : self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
         k = mixed[..., self.key_dim: 2 * self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
         v = mixed[..., 2 * self.key_dim:].reshape(*lead, t, self.num_v_heads, self.v_dim)
         q = l2_normalize(q) * self.k_dim**-0.5
         k = l2_normalize(k)
-        beta = jax.nn.sigmoid(self.in_proj_b(x).astype(F32))
-        a = self.in_proj_a(x).astype(F32)
+        beta = jax.nn.sigmoid(self.in_proj_b(x, F32))
+        a = self.in_proj_a(x, F32)
         g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
         z = self.in_proj_z(x).reshape(*lead, t, self.num_v_heads, self.v_dim)
         return q, k, v, g, beta, z, new_conv_state
 
     def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
         """o [..., T, Hv, dv] fp32 (delta-rule output), z [..., T, Hv, dv] -> [..., T, D]."""
-        y = self.norm(o.astype(z.dtype), z)
+        y = self.norm(o, z)
         return self.out_proj(y.reshape(*y.shape[:-2], self.value_dim))
 
     def __call__(self, x: jax.Array, cache: dict | None = None):

@@ -12,6 +12,7 @@ class Linear(nnx.Module):
         std = in_features**-0.5
         self.kernel = nnx.Param(jax.random.normal(rngs.params(), (in_features, out_features), dtype) * std)
 
-    def __call__(self, x: jax.Array) -> jax.Array:  # [..., in] -> [..., out]
+    def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
+        """x [..., in] -> [..., out] in ``out_dtype`` (default: the kernel's dtype); fp32 accumulation."""
         w = self.kernel[...]
-        return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(w.dtype)
+        return jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(out_dtype or w.dtype)

@@ -22,9 +22,10 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.zeros((dim,), dtype))
         self.eps = eps
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
+        """x [..., dim] -> same shape, in ``out_dtype`` (default: x.dtype)."""
         y = rms_normalize(x, self.eps) * (1.0 + self.weight[...].astype(F32))
-        return y.astype(x.dtype)
+        return y.astype(out_dtype or x.dtype)
 
 
 class GatedRMSNorm(nnx.Module):
@@ -34,6 +35,7 @@ class GatedRMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((dim,), F32))
         self.eps = eps
 
-    def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:  # o, z: [..., dv]
-        n = rms_normalize(o, self.eps).astype(o.dtype).astype(F32) * self.weight[...].astype(F32)
-        return (n * jax.nn.silu(z.astype(F32))).astype(o.dtype)
+    def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:
+        """o [..., dv] (fp32 delta-rule output), z [..., dv] -> [..., dv] in z.dtype."""
+        n = rms_normalize(o, self.eps) * self.weight[...].astype(F32)
+        return (n * jax.nn.silu(z.astype(F32))).astype(z.dtype)
