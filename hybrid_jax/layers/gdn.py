@@ -58,28 +58,36 @@ class GatedDeltaNet(nnx.Module):
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps)
         self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
 
-    def project(self, x: jax.Array, conv_state: jax.Array):
-        """Everything before the delta rule.
+    def in_projections(self, x: jax.Array):
+        """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] fp32 logits."""
+        z = self.in_proj_z(x).reshape(*x.shape[:-1], self.num_v_heads, self.v_dim)
+        return self.in_proj_qkv(x), z, self.in_proj_b(x, F32), self.in_proj_a(x, F32)
 
-        x [..., T, D]; conv_state [..., K-1, C] (raw columns before the conv). Returns q, k [..., T, Hk, dk]
-        (normalised, q scaled, fp32), v [..., T, Hv, dv], g, beta [..., T, Hv] fp32, z [..., T, Hv, dv] and
-        the new conv state [..., K-1, C].
+    def heads(self, conv_out: jax.Array):
+        """conv_out [..., C] fp32 (before SiLU) -> q, k [..., Hk, dk] normalised (q scaled), v [..., Hv, dv] fp32."""
+        mixed = jax.nn.silu(conv_out)
+        lead = mixed.shape[:-1]
+        q = mixed[..., : self.key_dim].reshape(*lead, self.num_k_heads, self.k_dim)
+        k = mixed[..., self.key_dim: 2 * self.key_dim].reshape(*lead, self.num_k_heads, self.k_dim)
+        v = mixed[..., 2 * self.key_dim:].reshape(*lead, self.num_v_heads, self.v_dim)
+        return l2_normalize(q) * self.k_dim**-0.5, l2_normalize(k), v
+
+    def gates(self, b: jax.Array, a: jax.Array):
+        """b, a [..., Hv] fp32 logits -> g (log decay <= 0), beta, both fp32."""
+        g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
+        return g, jax.nn.sigmoid(b)
+
+    def project(self, x: jax.Array, conv_state: jax.Array):
+        """Everything before the delta rule, for whole sequences.
+
+        x [B, T, D]; conv_state [B, K-1, C] (raw columns before the conv). Returns q, k [B, T, Hk, dk],
+        v [B, T, Hv, dv], g, beta [B, T, Hv] (fp32), z [B, T, Hv, dv] and the new conv state [B, K-1, C].
         """
-        lead = x.shape[:-2]
-        t = x.shape[-2]
-        mixed = self.in_proj_qkv(x)  # [..., T, C]
+        mixed, z, b, a = self.in_projections(x)
         window = jnp.concatenate([conv_state.astype(mixed.dtype), mixed], axis=-2)
         new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :]
-        mixed = jax.nn.silu(causal_conv(window, self.conv1d.weight[...]))  # fp32
-        q = mixed[..., : self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
-        k = mixed[..., self.key_dim: 2 * self.key_dim].reshape(*lead, t, self.num_k_heads, self.k_dim)
-        v = mixed[..., 2 * self.key_dim:].reshape(*lead, t, self.num_v_heads, self.v_dim)
-        q = l2_normalize(q) * self.k_dim**-0.5
-        k = l2_normalize(k)
-        beta = jax.nn.sigmoid(self.in_proj_b(x, F32))
-        a = self.in_proj_a(x, F32)
-        g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
-        z = self.in_proj_z(x).reshape(*lead, t, self.num_v_heads, self.v_dim)
+        q, k, v = self.heads(causal_conv(window, self.conv1d.weight[...]))
+        g, beta = self.gates(b, a)
         return q, k, v, g, beta, z, new_conv_state
 
     def output(self, o: jax.Array, z: jax.Array) -> jax.Array:

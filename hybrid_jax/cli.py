@@ -1,0 +1,159 @@
+"""The ``hybrid-jax`` command: ``serve`` (OpenAI-compatible server), ``generate`` and ``score`` (JSONL batch jobs)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hybrid_jax.engine.sampling_params import SamplingParams
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+
+
+def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: int) -> None:
+    parser.add_argument("--model-path", default=None,
+                        help="checkpoint directory or size preset (random weights); default: the embedded tiny model")
+    parser.add_argument("--dtype", default="bfloat16", help="weight dtype for checkpoints (default bfloat16)")
+    parser.add_argument("--max-batch", type=int, default=max_batch, help="concurrent requests (state slots)")
+    parser.add_argument("--max-model-len", type=int, default=max_model_len, help="prompt + output tokens")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybrid-jax", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible server (gunicorn, gthread worker)")
+    _model_args(serve, max_batch=32, max_model_len=4096)
+    serve.add_argument("--served-model-name", default=None, help="the model name clients must use")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    serve.add_argument("--max-waiting", type=int, default=4096, help="queued requests before 503")
+    serve.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
+    serve.add_argument("--threads", type=int, default=64, help="request threads of the one worker process")
+    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger bodies get 413")
+    serve.add_argument("--default-chat-template-kwargs", type=json.loads, default={},
+                       help="JSON object of chat template arguments, e.g. '{\"enable_thinking\": false}'")
+
+    generate = commands.add_parser("generate", help="complete every prompt of a JSONL file")
+    _model_args(generate, max_batch=64, max_model_len=4096)
+    generate.add_argument("--input", required=True, help='JSONL: {"prompt": str} or {"prompt_token_ids": [...]}, '
+                                                         "optionally with sampling fields")
+    generate.add_argument("--output", required=True, help='JSONL: {"prompt", "text", "token_ids", "finish_reason"}')
+    generate.add_argument("--max-tokens", type=int)
+    for flag in ("temperature", "top-p", "min-p", "presence-penalty", "frequency-penalty", "repetition-penalty"):
+        generate.add_argument(f"--{flag}", type=float)
+    generate.add_argument("--top-k", type=int)
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--stop", action="append", help="stop string (repeatable)")
+    generate.add_argument("--ignore-eos", action="store_true", default=None)
+
+    score = commands.add_parser("score", help="per-token log-probabilities of every text of a JSONL file")
+    _model_args(score, max_batch=1, max_model_len=4096)
+    score.add_argument("--input", required=True, help='JSONL: {"text": str} or {"prompt_token_ids": [...]}')
+    score.add_argument("--output", required=True, help='JSONL: {"token_ids", "logprobs", "total_logprob"}')
+    score.add_argument("--batch-size", type=int, default=8)
+    return parser
+
+
+def _read_jsonl(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"{path}:{number}: not JSON: {e}") from e
+            if not isinstance(row, dict):
+                raise SystemExit(f"{path}:{number}: each line must be a JSON object")
+            yield number, row
+
+
+def _token_ids(row: dict[str, Any], text_key: str, tokenizer, where: str) -> tuple[str | None, list[int]]:
+    if isinstance(row.get(text_key), str):
+        return row[text_key], tokenizer.encode(row[text_key])
+    ids = row.get("prompt_token_ids")
+    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+        return None, ids
+    raise SystemExit(f"{where}: needs {text_key!r} (a string) or 'prompt_token_ids' (a non-empty list of ints)")
+
+
+def _write_jsonl(path: str, rows: Iterator[dict[str, Any]]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _llm(args: argparse.Namespace, warmup: bool):
+    from hybrid_jax.engine.llm import LLM
+
+    return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
+               warmup=warmup)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    flags = {name: getattr(args, name) for name in SAMPLING_FIELDS if getattr(args, name, None) is not None}
+    llm = _llm(args, warmup=True)
+    try:
+        texts, ids, params = [], [], []
+        for number, row in _read_jsonl(args.input):
+            where = f"{args.input}:{number}"
+            text, token_ids = _token_ids(row, "prompt", llm.tokenizer, where)
+            try:
+                params.append(SamplingParams(**{**flags, **{k: v for k, v in row.items() if k in SAMPLING_FIELDS}}))
+            except (TypeError, ValueError) as e:
+                raise SystemExit(f"{where}: {e}") from e
+            texts.append(text)
+            ids.append(token_ids)
+        try:
+            results = llm.generate(prompt_token_ids=ids, sampling_params=params) if ids else []
+        except ValueError as e:
+            raise SystemExit(f"{args.input}: {e}") from e
+        _write_jsonl(args.output, ({"prompt": text, "text": r.outputs[0].text, "token_ids": r.outputs[0].token_ids,
+                                    "finish_reason": r.outputs[0].finish_reason}
+                                   for text, r in zip(texts, results, strict=True)))
+    finally:
+        llm.close()
+
+
+def _score(args: argparse.Namespace) -> None:
+    llm = _llm(args, warmup=False)
+    try:
+        ids = [_token_ids(row, "text", llm.tokenizer, f"{args.input}:{n}")[1] for n, row in _read_jsonl(args.input)]
+        try:
+            results = llm.score(prompt_token_ids=ids, batch_size=args.batch_size) if ids else []
+        except ValueError as e:
+            raise SystemExit(f"{args.input}: {e}") from e
+        _write_jsonl(args.output, ({"token_ids": r.token_ids, "logprobs": r.logprobs, "total_logprob": r.total}
+                                   for r in results))
+    finally:
+        llm.close()
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from server.launcher import serve
+    from server.settings import Settings
+
+    if not isinstance(args.default_chat_template_kwargs, dict):
+        raise SystemExit("--default-chat-template-kwargs: must be a JSON object")
+    settings = Settings(model_path=args.model_path, served_model_name=args.served_model_name, dtype=args.dtype,
+                        max_batch=args.max_batch, max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
+                        max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        default_chat_template_kwargs=args.default_chat_template_kwargs)
+    serve(settings, args.host, args.port, args.threads)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    {"serve": _serve, "generate": _generate, "score": _score}[args.command](args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,126 @@
+"""Cache pools of the hybrid model and their allocators.
+
+Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, hd]``. GDN layers: a
+state-slot pool per layer, conv ``[num_slots, K-1, C]`` (model dtype) and recurrent ``[num_slots, Hv, dk, dv]``
+fp32. Page 0 and slot 0 are null: padded rows of a fixed-shape batch read and write there. The slot
+pool also holds each request's token statistics for the sampling penalties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hybrid_jax.config import Qwen35Config
+
+F32 = jnp.float32
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    num_pages: int  # including the null page 0
+    page_size: int
+    num_slots: int  # including the null slot 0
+    max_pages_per_seq: int
+
+
+def slot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
+    """Device bytes one request slot takes: GDN conv + recurrent state over all GDN layers, penalty counts."""
+    c = config
+    per_layer = (c.linear_conv_kernel_dim - 1) * c.conv_dim * jnp.dtype(dtype).itemsize
+    per_layer += c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+    return per_layer * len(c.linear_layers) + vocab * 5
+
+
+def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
+    """Device bytes of one KV page over all attention layers."""
+    c = config
+    return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
+
+
+def allocate_pools(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int) -> dict:
+    """Zeroed device pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}."""
+    c = config
+    layers = []
+    for t in c.layer_types:
+        if t == "full_attention":
+            shape = (layout.num_pages, layout.page_size, c.num_key_value_heads, c.head_dim)
+            layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
+        else:
+            layers.append({
+                "conv": jnp.zeros((layout.num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim), dtype),
+                "state": jnp.zeros((layout.num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                                    c.linear_value_head_dim), F32),
+            })
+    return {"layers": layers,
+            "output_counts": jnp.zeros((layout.num_slots, vocab), jnp.int32),
+            "prompt_mask": jnp.zeros((layout.num_slots, vocab), jnp.bool_)}
+
+
+class BlockAllocator:
+    """Free list of ids 1..n-1 (id 0 is the null block and is never handed out)."""
+
+    def __init__(self, n: int):
+        self.capacity = n - 1
+        self._free = list(range(n - 1, 0, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.capacity - len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise MemoryError(f"asked for {count} blocks, {len(self._free)} free")
+        taken = self._free[-count:] if count else []
+        del self._free[len(self._free) - count:]
+        return taken[::-1]
+
+    def free(self, ids: list[int]) -> None:
+        self._free.extend(reversed(ids))
+
+
+def device_memory_bytes() -> int | None:
+    """Free bytes on the first device, when the backend reports it (GPUs do, CPUs do not)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return None if limit is None else int(limit - stats.get("bytes_in_use", 0))
+
+
+def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
+                memory_utilization: float, num_pages: int | None = None) -> CacheLayout:
+    """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains.
+
+    Without a device memory figure (CPU) or with ``num_pages`` given, the KV pool holds ``num_pages``
+    (default: enough for every slot to reach ``max_model_len``).
+    """
+    max_pages_per_seq = -(-max_model_len // page_size)
+    num_slots = max_batch + 1
+    if num_pages is None:
+        free = device_memory_bytes()
+        if free is None:
+            num_pages = max_batch * max_pages_per_seq + 1
+        else:
+            budget = free * memory_utilization - num_slots * slot_bytes(config, dtype, vocab)
+            num_pages = int(budget // page_bytes(config, dtype, page_size))
+            if num_pages < max_pages_per_seq + 1:
+                raise MemoryError(f"after {num_slots} state slots, memory for only {num_pages} KV pages of "
+                                  f"{page_size} tokens remains; lower max_batch or max_model_len")
+    return CacheLayout(num_pages=int(num_pages), page_size=page_size, num_slots=num_slots,
+                       max_pages_per_seq=max_pages_per_seq)
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def page_table_row(pages: list[int], width: int) -> np.ndarray:
+    row = np.zeros(width, np.int32)
+    row[: len(pages)] = pages
+    return row

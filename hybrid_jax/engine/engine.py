@@ -1,0 +1,383 @@
+"""The engine: one thread owns the device and runs FCFS continuous batching over the hybrid cache.
+
+Requests are admitted when their whole lifetime fits (a state slot plus KV pages for prompt + max_tokens),
+prefilled in chunks under a per-step token budget, then decoded together in fixed-shape batch buckets.
+Every shape bucket is compiled during a logged warm-up at start, so nothing compiles while serving.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+
+from hybrid_jax.engine.cache import BlockAllocator, allocate_pools, page_table_row, pages_for, plan_layout
+from hybrid_jax.engine.sampler import SamplingRows
+from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch, decode_step, prefill_step
+from hybrid_jax.model import Qwen35ForCausalLM
+
+log = logging.getLogger("hybrid_jax.engine")
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its limit; try again later (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 8  # concurrent requests (state slots)
+    max_model_len: int = 4096  # prompt + output tokens per request
+    page_size: int = 16
+    prefill_chunk: int = 256  # token budget of one prefill step
+    max_prefill_seqs: int = 4  # sequences packed into one prefill step
+    memory_utilization: float = 0.9  # share of free device memory for slots + KV pages
+    num_pages: int | None = None  # KV pages (incl. the null page); None: sized from memory
+    max_waiting: int = 4096  # waiting requests before submit raises QueueFullError
+
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        sizes = [1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch]
+        return (*sizes, self.max_batch)
+
+    @property
+    def prefill_buckets(self) -> tuple[int, ...]:
+        sizes = [s for s in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if s < self.prefill_chunk]
+        return (*sizes, self.prefill_chunk)
+
+
+class TokenEvent(NamedTuple):
+    """One generated token (or the end of a request) as the engine reports it."""
+
+    token_id: int | None  # None on a final event without a new token (cancelled, error)
+    logprob: float | None
+    top_logprobs: list[tuple[int, float]] | None  # (id, logprob) alternatives when requested
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" on the last event
+    time: float
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = 0
+    pages: list[int] = field(default_factory=list)
+    num_prefilled: int = 0
+    cancelled: bool = False
+    finished: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + self.params.max_tokens
+
+
+class RequestHandle:
+    """What ``submit`` returns: iterate to receive TokenEvents; ``cancel`` to stop early and free the cache."""
+
+    def __init__(self, request: Request, engine: Engine):
+        self._request, self._engine = request, engine
+        self.request_id = request.request_id
+
+    def __iter__(self):
+        while True:
+            event = self._request.events.get()
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    def cancel(self) -> None:
+        self._engine.cancel(self._request)
+
+
+class Engine:
+    """Owns the model, the cache pools and the engine thread."""
+
+    def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,
+                 eos_token_ids: tuple[int, ...] = (), valid_vocab: int | None = None):
+        self.model, self.config = model, config
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.valid_vocab = valid_vocab or model.config.vocab_size
+        vocab = model.config.vocab_size
+        self.layout = plan_layout(model.config, model.dtype, vocab, max_batch=config.max_batch,
+                                  max_model_len=config.max_model_len, page_size=config.page_size,
+                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages)
+        self.pools = allocate_pools(model.config, self.layout, model.dtype, vocab)
+        self.pages = BlockAllocator(self.layout.num_pages)
+        self.slots = BlockAllocator(self.layout.num_slots)
+        self._graphdef, self._weights = nnx.split(model)
+        step_kw = dict(page_size=self.layout.page_size, valid_vocab=self.valid_vocab)
+        self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
+        self._decode = jax.jit(partial(self._run, decode_step, **step_kw), donate_argnums=1)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: deque[Request] = deque()
+        self._prefilling: list[Request] = []
+        self._decoding: list[Request] = []
+        self._ids = itertools.count()
+        self._seeds = np.random.default_rng()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+
+    def _run(self, step, weights, pools, batch, **kw):
+        return step(nnx.merge(self._graphdef, weights), pools, batch, **kw)
+
+    # -- public API ----------------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestHandle:
+        """Queue a request; raises ValueError if it can never fit, QueueFullError when the queue is full."""
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt: must contain at least one token")
+        if any(not 0 <= t < self.model.config.vocab_size for t in prompt_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {self.model.config.vocab_size})")
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"exceeds the model's context of {self.config.max_model_len} tokens")
+        if pages_for(total, self.layout.page_size) > self.pages.capacity:
+            raise ValueError(f"max_tokens: the request needs more KV pages than the cache has ({self.pages.capacity})")
+        if len(self._waiting) + self._inbox.qsize() >= self.config.max_waiting:
+            raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**31))
+        request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed)
+        self._inbox.put(request)
+        return RequestHandle(request, self)
+
+    def cancel(self, request: Request) -> None:
+        request.cancelled = True
+        self._inbox.put(None)  # wake the loop
+
+    def start(self, warmup: bool = True) -> Engine:
+        if warmup:
+            self.warmup()
+        self._thread = threading.Thread(target=self._loop, name="hybrid-jax-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def stats(self) -> dict:
+        return {"running": len(self._prefilling) + len(self._decoding), "waiting": len(self._waiting),
+                "pages_used": self.pages.num_used, "pages_total": self.pages.capacity,
+                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity, **self.counters}
+
+    def warmup(self) -> None:
+        """Compile every decode and prefill bucket now, on padding batches (null slot and page)."""
+        for size in self.config.decode_buckets:
+            start = time.perf_counter()
+            self._step_decode([], size)
+            log.info("warm-up: decode bucket B=%d compiled in %.1f s", size, time.perf_counter() - start)
+        for size in self.config.prefill_buckets:
+            start = time.perf_counter()
+            self._step_prefill([], size)
+            log.info("warm-up: prefill bucket T=%d compiled in %.1f s", size, time.perf_counter() - start)
+
+    # -- the engine thread ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = not (self._waiting or self._prefilling or self._decoding)
+            self._drain_inbox(block=idle)
+            self._reap_cancelled()
+            self._admit()
+            try:
+                if self._prefilling:
+                    self._run_prefill()
+                if self._decoding:
+                    self._run_decode()
+            except Exception as e:  # a failed step ends its requests, never the server
+                log.exception("engine step failed")
+                for r in self._prefilling + self._decoding:
+                    self._finish(r, None, "error", error=e)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self._waiting.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _reap_cancelled(self) -> None:
+        for r in [r for r in self._waiting if r.cancelled]:
+            self._waiting.remove(r)
+            self._finish(r, None, "abort")
+        for r in [r for r in self._prefilling + self._decoding if r.cancelled]:
+            self._finish(r, None, "abort")
+
+    def _admit(self) -> None:
+        """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free."""
+        while self._waiting:
+            r = self._waiting[0]
+            need = pages_for(r.total_len, self.layout.page_size)
+            if self.slots.num_free == 0 or self.pages.num_free < need:
+                return
+            self._waiting.popleft()
+            r.slot = self.slots.allocate(1)[0]
+            r.pages = self.pages.allocate(need)
+            self._prefilling.append(r)
+
+    def _finish(self, r: Request, token: int | None, reason: str, error: Exception | None = None) -> None:
+        if r.finished:
+            return
+        r.finished = True
+        for group in (self._prefilling, self._decoding):
+            if r in group:
+                group.remove(r)
+        if r.slot:
+            self.slots.free([r.slot])
+        self.pages.free(r.pages)
+        r.slot, r.pages = 0, []
+        self.counters["requests_finished"] += 1
+        if error is not None:
+            log.error("request %s failed: %s", r.request_id, error)
+        if token is None:
+            r.events.put(TokenEvent(None, None, None, reason, time.monotonic()))
+
+    def _emit(self, r: Request, token: int, logprob: float, tops) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        r.output_ids.append(token)
+        self.counters["generation_tokens"] += 1
+        p = r.params
+        reason = None
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+        elif len(r.output_ids) >= p.max_tokens:
+            reason = "length"
+        top = None
+        if p.logprobs:
+            top = [(int(i), float(v)) for i, v in zip(tops[0][: p.logprobs], tops[1][: p.logprobs], strict=True)]
+        r.events.put(TokenEvent(token, float(logprob), top, reason, time.monotonic()))
+        if reason is not None:
+            self._finish(r, token, reason)
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _sampling_rows(self, requests: list[Request], size: int) -> tuple[SamplingRows, jax.Array]:
+        cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
+                                                               "frequency_penalty", "repetition_penalty")}
+        cols["top_p"][:] = 1.0
+        cols["repetition_penalty"][:] = 1.0
+        top_k = np.zeros(size, np.int32)
+        seed = np.zeros(size, np.uint32)
+        step = np.zeros(size, np.int32)
+        for i, r in enumerate(requests):
+            p = r.params
+            for name in cols:
+                cols[name][i] = getattr(p, name)
+            top_k[i] = max(p.top_k, 0)
+            seed[i] = r.seed
+            step[i] = len(r.output_ids)
+        want_top = any(r.params.logprobs for r in requests)
+        return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
+
+    def _step_decode(self, requests: list[Request], size: int):
+        width = self.layout.max_pages_per_seq
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        slot_ids = np.zeros(size, np.int32)
+        page_tables = np.zeros((size, width), np.int32)
+        for i, r in enumerate(requests):
+            tokens[i] = r.output_ids[-1]
+            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1
+            slot_ids[i] = r.slot
+            page_tables[i] = page_table_row(r.pages, width)
+        rows, want_top = self._sampling_rows(requests, size)
+        batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
+        sampled, self.pools = self._decode(self._weights, self.pools, batch)
+        return sampled
+
+    def _run_decode(self) -> None:
+        requests = list(self._decoding)
+        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
+        sampled = self._step_decode(requests, size)
+        self._deliver(requests, sampled)
+
+    def _deliver(self, requests: list[Request], sampled, rows: list[int] | None = None) -> None:
+        want_top = any(r.params.logprobs for r in requests)
+        tokens = np.asarray(sampled.tokens)
+        logprob = np.asarray(sampled.logprob)
+        top_ids = np.asarray(sampled.top_ids) if want_top else None
+        top_lp = np.asarray(sampled.top_logprobs) if want_top else None
+        for i, r in zip(rows or range(len(requests)), requests, strict=True):
+            tops = (top_ids[i], top_lp[i]) if want_top else None
+            self._emit(r, int(tokens[i]), logprob[i], tops)
+
+    def _step_prefill(self, chunks: list[tuple[Request, int]], size: int):
+        num_seqs = self.config.max_prefill_seqs
+        width = self.layout.max_pages_per_seq
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        seq_index = np.zeros(size, np.int32)
+        valid = np.zeros(size, np.bool_)
+        cu = np.zeros(num_seqs + 1, np.int32)
+        slot_ids = np.zeros(num_seqs, np.int32)
+        page_tables = np.zeros((num_seqs, width), np.int32)
+        context_lens = np.zeros(num_seqs, np.int32)
+        is_first = np.zeros(num_seqs, np.bool_)
+        is_last = np.zeros(num_seqs, np.bool_)
+        offset = 0
+        for s, (r, n) in enumerate(chunks):
+            start = r.num_prefilled
+            tokens[offset: offset + n] = r.prompt_ids[start: start + n]
+            positions[offset: offset + n] = np.arange(start, start + n)
+            seq_index[offset: offset + n] = s
+            valid[offset: offset + n] = True
+            offset += n
+            cu[s + 1] = offset
+            slot_ids[s] = r.slot
+            page_tables[s] = page_table_row(r.pages, width)
+            context_lens[s] = start + n
+            is_first[s] = start == 0
+            is_last[s] = start + n == len(r.prompt_ids)
+        cu[len(chunks) + 1:] = offset
+        rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
+        batch = PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
+                             is_first, is_last, rows, want_top)
+        sampled, self.pools = self._prefill(self._weights, self.pools, batch)
+        return sampled
+
+    def _run_prefill(self) -> None:
+        budget = self.config.prefill_chunk
+        chunks: list[tuple[Request, int]] = []
+        for r in self._prefilling[: self.config.max_prefill_seqs]:
+            n = min(len(r.prompt_ids) - r.num_prefilled, budget)
+            if n <= 0:
+                break
+            chunks.append((r, n))
+            budget -= n
+        total = sum(n for _, n in chunks)
+        size = self.config.prefill_buckets[bisect.bisect_left(self.config.prefill_buckets, total)]
+        sampled = self._step_prefill(chunks, size)
+        done, rows = [], []
+        for s, (r, n) in enumerate(chunks):
+            r.num_prefilled += n
+            self.counters["prompt_tokens"] += n
+            if r.num_prefilled == len(r.prompt_ids):
+                self._prefilling.remove(r)
+                self._decoding.append(r)
+                done.append(r)
+                rows.append(s)
+        if done:
+            self._deliver(done, sampled, rows)
+

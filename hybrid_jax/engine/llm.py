@@ -1,0 +1,139 @@
+"""Offline API in vLLM's shape: ``LLM(...).generate(...)`` through the engine, ``LLM.score`` in jitted batches."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from hybrid_jax.config import Qwen35Config
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.output import RequestOutput, TextAssembler
+from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.loader import load_pretrained, random_model
+from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger("hybrid_jax")
+DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
+SCORE_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+SCORE_LOGIT_CHUNK = 256  # positions whose logits are materialised at once when scoring
+
+
+@dataclass
+class ScoreOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # log p(token_ids[i] | token_ids[:i]) for i >= 1
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.logprobs))
+
+
+def load_model_and_tokenizer(model: str | None, dtype: str, seed: int = 0) -> tuple[Qwen35ForCausalLM, Tokenizer, str]:
+    """A checkpoint directory, a size preset (random weights), or None: the embedded tiny random default."""
+    if model is None:
+        return random_model("tiny", "float32", seed), load_tokenizer(), DEFAULT_MODEL_NAME
+    if Path(model).is_dir():
+        return load_pretrained(model, dtype), load_tokenizer(model), Path(model).name
+    return random_model(model, dtype, seed), load_tokenizer(), f"random-{model}"
+
+
+class LLM:
+    """Generate and score offline. ``LLM()`` runs the embedded tiny random model on the CPU."""
+
+    def __init__(self, model: str | None = None, dtype: str = "bfloat16", *, max_batch: int = 64,
+                 max_model_len: int = 4096, seed: int = 0, warmup: bool = True, **engine_options):
+        self.model, self.tokenizer, self.model_name = load_model_and_tokenizer(model, dtype, seed)
+        self.config: Qwen35Config = self.model.config
+        engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
+        valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
+        eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
+        self.engine = Engine(self.model, engine_config, eos_token_ids=eos, valid_vocab=valid_vocab)
+        self.engine.start(warmup=warmup)
+        self._score_fn = None
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def generate(self, prompts: str | list[str] | None = None, sampling_params=None, *,
+                 prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt through the engine; results in prompt order."""
+        if prompts is not None and prompt_token_ids is not None:
+            raise ValueError("prompts: give either prompts or prompt_token_ids, not both")
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        texts = prompts or [None] * len(prompt_token_ids or [])
+        ids = prompt_token_ids or [self.tokenizer.encode(p) for p in prompts or []]
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(ids)
+        if len(params) != len(ids):
+            raise ValueError("sampling_params: the list must have one entry per prompt")
+        handles = [self.engine.submit(p_ids, p) for p_ids, p in zip(ids, params, strict=True)]
+        results = []
+        for text, p_ids, p, handle in tqdm(list(zip(texts, ids, params, handles, strict=True)),
+                                           disable=not use_tqdm, desc="generate"):
+            assembler = TextAssembler(self.tokenizer, p)
+            for event in handle:
+                assembler.add(event)
+                if assembler.stopped_by_string:
+                    handle.cancel()
+                    break
+            results.append(RequestOutput(handle.request_id, text, list(p_ids), [assembler.output]))
+        return results
+
+    def score(self, texts: list[str] | None = None, *, prompt_token_ids: list[list[int]] | None = None,
+              batch_size: int = 8) -> list[ScoreOutput]:
+        """Per-token log-probabilities of each text under the model, in jit-compiled padded batches."""
+        ids = prompt_token_ids or [self.tokenizer.encode(t) for t in texts or []]
+        if any(len(x) < 1 for x in ids):
+            raise ValueError("texts: every text must have at least one token")
+        if self._score_fn is None:
+            graphdef, weights = nnx.split(self.model)
+            self._score_fn = jax.jit(partial(_token_logprobs, graphdef), static_argnames=())
+            self._score_weights = weights
+        results: list[ScoreOutput | None] = [None] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
+        for start in range(0, len(order), batch_size):
+            group = order[start: start + batch_size]
+            longest = max(len(ids[i]) for i in group)
+            length = SCORE_LENGTHS[min(bisect.bisect_left(SCORE_LENGTHS, longest), len(SCORE_LENGTHS) - 1)]
+            if longest > length:
+                raise ValueError(f"texts: {longest} tokens is over the scoring limit of {length}")
+            batch = np.zeros((batch_size, length), np.int32)
+            for row, i in enumerate(group):
+                batch[row, : len(ids[i])] = ids[i]
+            logprobs = np.asarray(self._score_fn(self._score_weights, jnp.asarray(batch)))
+            for row, i in enumerate(group):
+                results[i] = ScoreOutput(list(ids[i]), logprobs[row, : len(ids[i]) - 1].tolist())
+        return results
+
+
+def _token_logprobs(graphdef, weights, ids):
+    """ids [B, T] -> log p(ids[:, t+1] | ids[:, :t+1]) [B, T-1], logits computed a chunk of positions at a time."""
+    model = nnx.merge(graphdef, weights)
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+    hidden, _ = model.hidden_states(ids, positions)  # [B, T, D]
+    hidden, targets = hidden[:, :-1], ids[:, 1:]
+    t = hidden.shape[1]
+    chunk = min(SCORE_LOGIT_CHUNK, t)
+    pad = -t % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+
+    def one(h, y):  # h [B, c, D], y [B, c]
+        logp = jax.nn.log_softmax(model.logits(h)[0], axis=-1)
+        return jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
+
+    hs = hidden.reshape(hidden.shape[0], -1, chunk, hidden.shape[-1]).swapaxes(0, 1)
+    ys = targets.reshape(targets.shape[0], -1, chunk).swapaxes(0, 1)
+    out = jax.lax.map(lambda xy: one(*xy), (hs, ys))  # [n, B, c]
+    return out.swapaxes(0, 1).reshape(ids.shape[0], -1)[:, :t]

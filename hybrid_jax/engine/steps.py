@@ -1,0 +1,187 @@
+"""The engine's two fixed-shape steps over the cache pools: packed chunked prefill, and batched decode.
+
+Both are pure functions of (weights, pools, batch) that the engine jits once per shape bucket with the
+pools donated, so every cache update is in place. Attention and the gated delta rule go through the
+kernels' dispatch functions (Pallas on a GPU, the XLA reference elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
+from hybrid_jax.layers.gdn import GatedDeltaNet
+from hybrid_jax.model import Qwen35ForCausalLM
+from pallas_kernels.gdn_chunk import gdn_chunk
+from pallas_kernels.gdn_decode import gdn_decode
+from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
+
+F32 = jnp.float32
+
+
+class PrefillBatch(NamedTuple):
+    """T packed new tokens of up to S sequences (chunks of their prompts); padding at the end."""
+
+    tokens: jax.Array  # [T] i32
+    positions: jax.Array  # [T] i32 position of each token in its sequence
+    seq_index: jax.Array  # [T] i32 which of the S sequences the token belongs to (padding: 0)
+    valid: jax.Array  # [T] bool real token (not padding)
+    cu_seqlens: jax.Array  # [S + 1] i32 token offsets; unused sequences have 0 tokens
+    slot_ids: jax.Array  # [S] i32 state slot (unused: 0)
+    page_tables: jax.Array  # [S, max_pages] i32
+    context_lens: jax.Array  # [S] i32 tokens in the cache after this chunk
+    is_first: jax.Array  # [S] bool this chunk starts the sequence: its slot is reset
+    is_last: jax.Array  # [S] bool the prompt ends in this chunk: the sample is the first output token
+    rows: SamplingRows  # [S] settings; a sequence whose prompt ends in this chunk samples its first token
+    want_top: jax.Array  # [] bool some row wants top logprobs
+
+
+class DecodeBatch(NamedTuple):
+    """One new token for each of B rows (padding rows: slot 0, page 0, context 0)."""
+
+    tokens: jax.Array  # [B] i32
+    positions: jax.Array  # [B] i32
+    slot_ids: jax.Array  # [B] i32
+    page_tables: jax.Array  # [B, max_pages] i32
+    rows: SamplingRows  # [B]
+    want_top: jax.Array  # [] bool
+
+
+def _slot_mapping(page_tables, seq_rows, positions, valid, page_size: int):
+    """Flat KV slot (page * page_size + offset) of each token; padding writes slot 0 of the null page."""
+    pages = jnp.take_along_axis(page_tables[seq_rows], (positions // page_size)[:, None], axis=1)[:, 0]
+    return jnp.where(valid, pages * page_size + positions % page_size, 0)
+
+
+def _packed_conv(gdn: GatedDeltaNet, mixed, conv_prev, batch: PrefillBatch):
+    """Causal conv over packed sequences, each continuing from its cached columns.
+
+    mixed [T, C] raw projections; conv_prev [S, K-1, C]. Returns conv output [T, C] fp32 and the new
+    conv state [S, K-1, C] (the last K-1 raw columns of each sequence, cache first).
+    """
+    kernel = gdn.kernel
+    num_seqs = conv_prev.shape[0]
+    cached = conv_prev.reshape(num_seqs * (kernel - 1), -1).astype(mixed.dtype)
+    ext = jnp.concatenate([cached, mixed], axis=0)  # [S (K-1) + T, C]
+    starts = batch.cu_seqlens[:-1]  # [S]
+
+    def source(seq, offset):  # row of ext holding time ``offset`` (may be negative) of sequence ``seq``
+        from_cache = seq * (kernel - 1) + (kernel - 1) + offset
+        from_new = num_seqs * (kernel - 1) + starts[seq] + offset
+        return jnp.where(offset >= 0, from_new, from_cache)
+
+    t = jnp.arange(mixed.shape[0])
+    seq = batch.seq_index
+    offset = t - starts[seq]
+    w = gdn.conv1d.weight[...].astype(F32)  # [K, C]
+    conv = sum(ext[source(seq, offset - (kernel - 1) + j)].astype(F32) * w[j] for j in range(kernel))
+    lengths = batch.cu_seqlens[1:] - starts  # [S]
+    seqs = jnp.arange(num_seqs)[:, None]
+    tail = lengths[:, None] - (kernel - 1) + jnp.arange(kernel - 1)[None, :]  # [S, K-1]
+    new_conv = ext[source(seqs, tail)]
+    return conv, new_conv
+
+
+def _reset_rows(pool, slot_ids, reset):
+    """Zero the pool rows of slots whose request starts now. pool [slots, ...]; reset [S] bool."""
+    rows = pool[slot_ids]
+    mask = reset.reshape(reset.shape + (1,) * (rows.ndim - 1))
+    return pool.at[slot_ids].set(jnp.where(mask, jnp.zeros_like(rows), rows))
+
+
+def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, page_size: int,
+                 valid_vocab: int) -> tuple[Sampled, dict]:
+    """Run one packed prefill chunk; returns a sample for every sequence's last token, and the new pools."""
+    x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
+    seq = batch.seq_index
+    slot_mapping = _slot_mapping(batch.page_tables, seq, batch.positions, batch.valid, page_size)
+    new_layers = []
+    for layer, pool in zip(model.layers, pools["layers"], strict=True):
+        dtype = layer.mlp.down_proj.kernel.dtype
+        h = layer.input_layernorm(x, dtype)
+        if layer.is_attention:
+            attn = layer.self_attn
+            q, k, v, gate = attn.project(h, batch.positions)  # [T, H, hd]
+            k_pages, v_pages = write_kv(pool["k"], pool["v"], k.astype(pool["k"].dtype), v.astype(pool["v"].dtype),
+                                        slot_mapping)
+            o = paged_prefill_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables,
+                                        batch.cu_seqlens, batch.context_lens, scale=attn.scale)
+            h = attn.output(o.astype(h.dtype), gate)
+            new_layers.append({"k": k_pages, "v": v_pages})
+        else:
+            gdn = layer.linear_attn
+            conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
+            state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
+            mixed, z, b, a = gdn.in_projections(h)
+            conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
+            q, k, v = gdn.heads(conv_out)
+            g, beta = gdn.gates(b, a)
+            o, state_pool = gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
+            has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]
+            conv_pool = conv_pool.at[batch.slot_ids].set(
+                jnp.where(has_tokens, new_conv.astype(conv_pool.dtype), conv_pool[batch.slot_ids]))
+            h = gdn.output(o, z)
+            new_layers.append({"conv": conv_pool, "state": state_pool})
+        x = x + h
+        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+    last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
+    logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
+
+    counts = _reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first)
+    prompt_mask = _reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first)
+    token_slots = jnp.where(batch.valid, batch.slot_ids[seq], 0)
+    prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
+    sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
+                     valid_vocab)
+    counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
+    return sampled, {"layers": new_layers, "output_counts": counts, "prompt_mask": prompt_mask}
+
+
+def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, page_size: int,
+                valid_vocab: int) -> tuple[Sampled, dict]:
+    """One token for each row; returns the samples and the new pools."""
+    x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
+    real = batch.slot_ids > 0
+    rows = jnp.arange(batch.tokens.shape[0])
+    slot_mapping = _slot_mapping(batch.page_tables, rows, batch.positions, real, page_size)
+    context_lens = jnp.where(real, batch.positions + 1, 0)
+    new_layers = []
+    for layer, pool in zip(model.layers, pools["layers"], strict=True):
+        dtype = layer.mlp.down_proj.kernel.dtype
+        h = layer.input_layernorm(x, dtype)
+        if layer.is_attention:
+            attn = layer.self_attn
+            q, k, v, gate = attn.project(h, batch.positions)  # [B, H, hd]
+            k_pages, v_pages = write_kv(pool["k"], pool["v"], k.astype(pool["k"].dtype), v.astype(pool["v"].dtype),
+                                        slot_mapping)
+            o = paged_decode_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables, context_lens,
+                                       scale=attn.scale)
+            h = attn.output(o.astype(h.dtype), gate)
+            new_layers.append({"k": k_pages, "v": v_pages})
+        else:
+            gdn = layer.linear_attn
+            mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
+            conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
+            window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
+            q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
+            g, beta = gdn.gates(b, a)
+            o, state_pool = gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
+            conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
+            h = gdn.output(o, z)
+            new_layers.append({"conv": conv_pool, "state": state_pool})
+        x = x + h
+        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+    logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
+    counts = pools["output_counts"]
+    sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
+                     batch.want_top, valid_vocab)
+    counts = counts.at[batch.slot_ids, sampled.tokens].add(1)
+    return sampled, {"layers": new_layers, "output_counts": counts, "prompt_mask": pools["prompt_mask"]}
+
+
+def _window_conv(window, weight):
+    """window [B, K, C] (oldest first), weight [K, C] -> [B, C] fp32."""
+    return jnp.einsum("bkc,kc->bc", window.astype(F32), weight.astype(F32))

@@ -1,0 +1,114 @@
+"""Attention over the paged KV cache: one dispatch function per op.
+
+`impl`: "auto" runs the Pallas kernel (Triton lowering) on a GPU when the shapes and dtypes are supported
+and the pure-JAX reference otherwise; "kernel" forces the compiled kernel, "interpret" the kernel in
+Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go to the kernel only.
+Query head h reads KV head h // (Hq / Hkv).
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.paged_attention import kernel, reference
+
+Impl = Literal["auto", "kernel", "reference", "interpret"]
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) -> str | None:
+    """Why the kernels can't take these operands (None: they can)."""
+    if k_pages.ndim != 4 or v_pages.shape != k_pages.shape or v_pages.dtype != k_pages.dtype:
+        return f"k_pages {k_pages.shape} {k_pages.dtype} / v_pages {v_pages.shape} {v_pages.dtype} differ"
+    _, _, num_kv_heads, head_dim = k_pages.shape
+    if k_pages.dtype not in _DTYPES:
+        return f"KV dtype {k_pages.dtype} not in {_DTYPES}"
+    if not (_is_pow2(head_dim) and head_dim >= 16):
+        return f"head_dim {head_dim} is not a power of two >= 16"
+    if q is None:
+        return None if _is_pow2(num_kv_heads) else f"Hkv {num_kv_heads} is not a power of two"
+    if q.dtype != k_pages.dtype:
+        return f"q dtype {q.dtype} != KV dtype {k_pages.dtype}"
+    if q.shape[-1] != head_dim or q.shape[-2] % num_kv_heads:
+        return f"q {q.shape} does not fit KV heads {num_kv_heads} x {head_dim}"
+    return None
+
+
+def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
+    """None: run the reference; else the kernel's `interpret` flag."""
+    if impl == "reference":
+        return None
+    if impl in ("kernel", "interpret"):
+        if reason is not None:
+            raise ValueError(f"paged attention kernel unsupported: {reason}")
+        return impl == "interpret"
+    if impl != "auto":
+        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
+    return False if reason is None and jax.default_backend() == "gpu" else None
+
+
+def paged_decode_attention(
+    q: jax.Array,  # [B, Hq, hd]
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    page_tables: jax.Array,  # [B, max_pages] int32
+    context_lens: jax.Array,  # [B] int32, 0 for padded rows (their output is 0)
+    *,
+    scale: float,
+    impl: Impl = "auto",
+    **tuning,
+) -> jax.Array:  # [B, Hq, hd]
+    """One query token per sequence over the first context_lens[b] tokens of its pages."""
+    interpret = _kernel_mode(impl, _unsupported(q, k_pages, v_pages))
+    if interpret is None:
+        return reference.paged_decode_attention(q, k_pages, v_pages, page_tables, context_lens, scale=scale)
+    return kernel.paged_decode_attention(
+        q, k_pages, v_pages, page_tables, context_lens, scale=scale, interpret=interpret, **tuning
+    )
+
+
+def paged_prefill_attention(
+    q: jax.Array,  # [T, Hq, hd], packed new tokens, then padding rows (output 0)
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    page_tables: jax.Array,  # [S, max_pages] int32
+    cu_q_lens: jax.Array,  # [S + 1] int32
+    context_lens: jax.Array,  # [S] int32, cached prefix + new tokens
+    *,
+    scale: float,
+    impl: Impl = "auto",
+    **tuning,
+) -> jax.Array:  # [T, Hq, hd]
+    """Causal prefill / extend: the new tokens are the last q_len positions of each sequence's context."""
+    interpret = _kernel_mode(impl, _unsupported(q, k_pages, v_pages))
+    if interpret is None:
+        return reference.paged_prefill_attention(q, k_pages, v_pages, page_tables, cu_q_lens, context_lens, scale=scale)
+    return kernel.paged_prefill_attention(
+        q, k_pages, v_pages, page_tables, cu_q_lens, context_lens, scale=scale, interpret=interpret, **tuning
+    )
+
+
+def write_kv(
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    k_new: jax.Array,  # [T, Hkv, hd]
+    v_new: jax.Array,  # [T, Hkv, hd]
+    slot_mapping: jax.Array,  # [T] int32, page * page_size + offset; padding: a slot of page 0
+    *,
+    impl: Impl = "auto",
+    **tuning,
+) -> tuple[jax.Array, jax.Array]:
+    """Writes new K/V rows into the pools (in place when the caller donates them)."""
+    interpret = _kernel_mode(impl, _unsupported(None, k_pages, v_pages))
+    if interpret is None:
+        return reference.write_kv(k_pages, v_pages, k_new, v_new, slot_mapping)
+    return kernel.write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, interpret=interpret, **tuning)
+
+
+__all__ = ["Impl", "paged_decode_attention", "paged_prefill_attention", "write_kv"]
