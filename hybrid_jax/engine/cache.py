@@ -41,13 +41,16 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
     return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
 
 
-def allocate_pools(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int) -> dict:
-    """Zeroed device pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}."""
+def allocate_pools(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int, kv_heads: int | None = None) -> dict:
+    """Zeroed device pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}.
+
+    ``kv_heads``: KV heads the pool stores (more than the model's when tensor parallelism expands them).
+    """
     c = config
     layers = []
     for t in c.layer_types:
         if t == "full_attention":
-            shape = (layout.num_pages, layout.page_size, c.num_key_value_heads, c.head_dim)
+            shape = (layout.num_pages, layout.page_size, kv_heads or c.num_key_value_heads, c.head_dim)
             layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
         else:
             layers.append({
@@ -94,7 +97,7 @@ def device_memory_bytes() -> int | None:
 
 
 def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
-                memory_utilization: float, num_pages: int | None = None) -> CacheLayout:
+                memory_utilization: float, num_pages: int | None = None, tp: int = 1) -> CacheLayout:
     """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains.
 
     Without a device memory figure (CPU) or with ``num_pages`` given, the KV pool holds ``num_pages``
@@ -107,8 +110,11 @@ def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_
         if free is None:
             num_pages = max_batch * max_pages_per_seq + 1
         else:
-            budget = free * memory_utilization - num_slots * slot_bytes(config, dtype, vocab)
-            num_pages = int(budget // page_bytes(config, dtype, page_size))
+            # Per device: state slots and KV pages split over ``tp`` shards (KV heads at least one per shard).
+            budget = free * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
+            per_page = page_bytes(config, dtype, page_size) * max(config.num_key_value_heads, tp) / \
+                (config.num_key_value_heads * tp)
+            num_pages = int(budget // per_page)
             if num_pages < max_pages_per_seq + 1:
                 raise MemoryError(f"after {num_slots} state slots, memory for only {num_pages} KV pages of "
                                   f"{page_size} tokens remains; lower max_batch or max_model_len")

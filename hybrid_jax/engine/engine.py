@@ -21,12 +21,14 @@ from typing import NamedTuple
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from hybrid_jax.engine.cache import BlockAllocator, allocate_pools, page_table_row, pages_for, plan_layout
 from hybrid_jax.engine.sampler import SamplingRows
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch, decode_step, prefill_step
+from hybrid_jax.engine.steps import DecodeBatch, Kernels, PrefillBatch, decode_step, prefill_step
 from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
 
@@ -45,6 +47,7 @@ class EngineConfig:
     memory_utilization: float = 0.9  # share of free device memory for slots + KV pages
     num_pages: int | None = None  # KV pages (incl. the null page); None: sized from memory
     max_waiting: int = 4096  # waiting requests before submit raises QueueFullError
+    tensor_parallel_size: int = 1  # shards of the model over the first devices
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
@@ -114,14 +117,24 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.valid_vocab = valid_vocab or model.config.vocab_size
         vocab = model.config.vocab_size
+        tp = config.tensor_parallel_size
+        self.mesh = make_mesh(tp) if tp > 1 else None
+        if self.mesh is not None:
+            shard_model(model, self.mesh)
         self.layout = plan_layout(model.config, model.dtype, vocab, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
-                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages)
-        self.pools = allocate_pools(model.config, self.layout, model.dtype, vocab)
+                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages, tp=tp)
+        self.pools = allocate_pools(model.config, self.layout, model.dtype, vocab, stored_kv_heads(model.config, tp))
+        self._pool_shardings = None
+        if self.mesh is not None:
+            self._pool_shardings = jax.tree.map(lambda p: NamedSharding(self.mesh, p), pool_specs(model.config),
+                                                is_leaf=lambda x: isinstance(x, PartitionSpec))
+            self.pools = jax.device_put(self.pools, self._pool_shardings)
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
         self._graphdef, self._weights = nnx.split(model)
-        step_kw = dict(page_size=self.layout.page_size, valid_vocab=self.valid_vocab)
+        step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
+                       valid_vocab=self.valid_vocab)
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
         self._decode = jax.jit(partial(self._run, decode_step, **step_kw), donate_argnums=1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -136,7 +149,10 @@ class Engine:
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
 
     def _run(self, step, weights, pools, batch, **kw):
-        return step(nnx.merge(self._graphdef, weights), pools, batch, **kw)
+        sampled, pools = step(nnx.merge(self._graphdef, weights), pools, batch, **kw)
+        if self._pool_shardings is not None:  # keep the donated pools' layout step after step
+            pools = jax.lax.with_sharding_constraint(pools, self._pool_shardings)
+        return sampled, pools
 
     # -- public API ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestHandle:
@@ -154,7 +170,8 @@ class Engine:
             raise ValueError(f"max_tokens: the request needs more KV pages than the cache has ({self.pages.capacity})")
         if len(self._waiting) + self._inbox.qsize() >= self.config.max_waiting:
             raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
-        seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**31))
+        # The step reads seeds as uint32: any integer seed maps into that range (negative or > 2**32 too).
+        seed = params.seed % 2**32 if params.seed is not None else int(self._seeds.integers(0, 2**31))
         request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed)
         self._inbox.put(request)
         return RequestHandle(request, self)
@@ -285,7 +302,7 @@ class Engine:
             p = r.params
             for name in cols:
                 cols[name][i] = getattr(p, name)
-            top_k[i] = max(p.top_k, 0)
+            top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
             seed[i] = r.seed
             step[i] = len(r.output_ids)
         want_top = any(r.params.logprobs for r in requests)

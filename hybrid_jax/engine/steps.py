@@ -11,15 +11,51 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.layers.gdn import GatedDeltaNet
 from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode
 from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
 
 F32 = jnp.float32
+REP = P()
+HEADS3 = P(None, TP, None)  # [tokens, heads, dim]
+HEADS2 = P(None, TP)  # [tokens, heads]
+STATE = P(None, TP, None, None)  # [slots, Hv, dk, dv]
+PAGES = P(None, None, TP, None)  # [pages, page_size, kv heads, hd]
+
+
+class Kernels:
+    """The kernels' dispatch functions, each run per shard inside shard_map when there is a mesh."""
+
+    def __init__(self, model: Qwen35ForCausalLM, mesh: Mesh | None):
+        self.mesh, self.config = mesh, model.config
+        self.tp = 1 if mesh is None else mesh.shape[TP]
+        wrap = self._wrap
+        self.gdn_chunk = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, REP, REP, STATE), (HEADS3, STATE))
+        self.gdn_decode = wrap(gdn_decode, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, REP, STATE), (HEADS3, STATE))
+        self.write_kv = wrap(write_kv, (PAGES, PAGES, HEADS3, HEADS3, REP), (PAGES, PAGES))
+        self.decode_attention = wrap(paged_decode_attention, (HEADS3, PAGES, PAGES, REP, REP), HEADS3)
+        self.prefill_attention = wrap(paged_prefill_attention, (HEADS3, PAGES, PAGES, REP, REP, REP), HEADS3)
+
+    def _wrap(self, fn, in_specs, out_specs):
+        if self.mesh is None:
+            return fn
+
+        def call(*args, **kw):
+            per_shard = lambda *a: fn(*a, **kw)
+            return jax.shard_map(per_shard, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=False)(*args)
+        return call
+
+    def kv_heads(self, x):
+        """[T, Hkv, hd] -> the KV heads the pool stores (one per shard when Hkv < tp)."""
+        return x if self.mesh is None else expand_kv_heads(x, self.config, self.tp)
 
 
 class PrefillBatch(NamedTuple):
@@ -92,7 +128,7 @@ def _reset_rows(pool, slot_ids, reset):
     return pool.at[slot_ids].set(jnp.where(mask, jnp.zeros_like(rows), rows))
 
 
-def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, page_size: int,
+def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
                  valid_vocab: int) -> tuple[Sampled, dict]:
     """Run one packed prefill chunk; returns a sample for every sequence's last token, and the new pools."""
     x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
@@ -105,10 +141,10 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
         if layer.is_attention:
             attn = layer.self_attn
             q, k, v, gate = attn.project(h, batch.positions)  # [T, H, hd]
-            k_pages, v_pages = write_kv(pool["k"], pool["v"], k.astype(pool["k"].dtype), v.astype(pool["v"].dtype),
-                                        slot_mapping)
-            o = paged_prefill_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables,
-                                        batch.cu_seqlens, batch.context_lens, scale=attn.scale)
+            k, v = (kernels.kv_heads(x.astype(pool["k"].dtype)) for x in (k, v))
+            k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
+            o = kernels.prefill_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables,
+                                          batch.cu_seqlens, batch.context_lens, scale=attn.scale)
             h = attn.output(o.astype(h.dtype), gate)
             new_layers.append({"k": k_pages, "v": v_pages})
         else:
@@ -119,7 +155,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
             conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
             q, k, v = gdn.heads(conv_out)
             g, beta = gdn.gates(b, a)
-            o, state_pool = gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
+            o, state_pool = kernels.gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
             has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]
             conv_pool = conv_pool.at[batch.slot_ids].set(
                 jnp.where(has_tokens, new_conv.astype(conv_pool.dtype), conv_pool[batch.slot_ids]))
@@ -140,7 +176,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
     return sampled, {"layers": new_layers, "output_counts": counts, "prompt_mask": prompt_mask}
 
 
-def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, page_size: int,
+def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: Kernels, page_size: int,
                 valid_vocab: int) -> tuple[Sampled, dict]:
     """One token for each row; returns the samples and the new pools."""
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
@@ -155,10 +191,10 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, pa
         if layer.is_attention:
             attn = layer.self_attn
             q, k, v, gate = attn.project(h, batch.positions)  # [B, H, hd]
-            k_pages, v_pages = write_kv(pool["k"], pool["v"], k.astype(pool["k"].dtype), v.astype(pool["v"].dtype),
-                                        slot_mapping)
-            o = paged_decode_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables, context_lens,
-                                       scale=attn.scale)
+            k, v = (kernels.kv_heads(x.astype(pool["k"].dtype)) for x in (k, v))
+            k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
+            o = kernels.decode_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables, context_lens,
+                                         scale=attn.scale)
             h = attn.output(o.astype(h.dtype), gate)
             new_layers.append({"k": k_pages, "v": v_pages})
         else:
@@ -168,7 +204,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, pa
             window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
             q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
             g, beta = gdn.gates(b, a)
-            o, state_pool = gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
+            o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
             conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
             h = gdn.output(o, z)
             new_layers.append({"conv": conv_pool, "state": state_pool})

@@ -1,0 +1,72 @@
+"""Chunked gated-delta-rule prefill over a packed ragged batch: one dispatch function.
+
+`impl`: "auto" runs the Pallas kernel (Triton lowering) on a GPU when the shapes and dtypes are supported
+and the pure-JAX reference otherwise; "kernel" forces the compiled kernel, "interpret" the kernel in
+Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go to the kernel only.
+Value head j reads key head j // (Hv / Hk).
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.gdn_chunk import kernel, reference
+
+Impl = Literal["auto", "kernel", "reference", "interpret"]
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
+
+
+def _is_pow2_ge16(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array, state_pool: jax.Array) -> str | None:
+    """Why the kernel can't take these operands (None: it can)."""
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in _DTYPES):
+        return f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype}: need one of {_DTYPES}"
+    dk, dv = q.shape[-1], v.shape[-1]
+    if not (_is_pow2_ge16(dk) and _is_pow2_ge16(dv)):
+        return f"dk {dk} / dv {dv}: need powers of two >= 16"
+    if v.shape[1] % q.shape[1]:
+        return f"Hv {v.shape[1]} is not a multiple of Hk {q.shape[1]}"
+    if state_pool.dtype != jnp.float32:
+        return f"state dtype {state_pool.dtype}: need float32"
+    return None
+
+
+def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
+    """None: run the reference; else the kernel's `interpret` flag."""
+    if impl == "reference":
+        return None
+    if impl in ("kernel", "interpret"):
+        if reason is not None:
+            raise ValueError(f"gdn_chunk kernel unsupported: {reason}")
+        return impl == "interpret"
+    if impl != "auto":
+        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
+    return False if reason is None and jax.default_backend() == "gpu" else None
+
+
+def gdn_chunk(
+    q: jax.Array,  # [T, Hk, dk], L2-normalised and scaled by dk^-0.5
+    k: jax.Array,  # [T, Hk, dk], L2-normalised
+    v: jax.Array,  # [T, Hv, dv]
+    g: jax.Array,  # [T, Hv] fp32 log-decay (<= 0)
+    beta: jax.Array,  # [T, Hv] fp32
+    cu_seqlens: jax.Array,  # [S + 1] int32, cu_seqlens[0] == 0; tokens past cu_seqlens[S] are padding
+    slot_ids: jax.Array,  # [S] int32, distinct for non-empty sequences
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    *,
+    impl: Impl = "auto",
+    **tuning,
+) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32 (0 on padding), state_pool
+    """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched)."""
+    interpret = _kernel_mode(impl, _unsupported(q, k, v, state_pool))
+    if interpret is None:
+        return reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)
+    return kernel.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool, interpret=interpret, **tuning)
+
+
+__all__ = ["Impl", "gdn_chunk"]

@@ -1,0 +1,290 @@
+"""Pallas kernels for the chunked gated-delta-rule prefill over a packed ragged batch.
+
+Same signature and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton lowering
+(the `pallas_call` GPU default in jax 0.11/0.12) and runnable with `interpret=True` on CPU.
+
+Algorithm (the WY / UT form of `hybrid_jax.ops.gated_delta.gated_delta_chunked`, as fla's
+`chunk_gated_delta_rule`), per sequence and value head, chunks of C = 64 tokens that never straddle
+sequences, gc = the in-chunk cumulative log-decay:
+
+    A = strict_lower(diag(beta) K K^T * exp(gc_i - gc_j))     T = (I + A)^-1   (unit lower triangular)
+    W = T diag(beta exp(gc)) K        U = T diag(beta) V
+    per chunk, in order:  V' = U - W S
+                          O  = (Q * exp(gc)) S + causal(Q K^T * exp(gc_i - gc_j)) V'
+                          S <- exp(gc_last) S + (K * exp(gc_last - gc))^T V'
+
+Two `pallas_call`s:
+1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all
+   chunks of all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots
+   `cu[s] // C + s` onwards (T // C + S slots bound the batch); a program finds its sequence by binary
+   search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): each diagonal block is
+   inverted by forward substitution over its 16 rows (fp32), the blocks below by block substitution
+   `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
+2. `_recurrent_kernel`, grid (sequence + 1, value head, dv block): the state recurrence, sequential over
+   the chunks of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the
+   delta rule are independent, so dv blocks add parallelism without communication). It reads the state
+   from its slot and writes it back in place (the pool is aliased input -> output). The extra program
+   row `s == S` writes the zeros of the padding tokens.
+
+Why the Triton lowering (to be confirmed by measurement on the H200):
+- Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
+  Mosaic GPU moves rectangular boxes, which chunks of ragged sequences are not without a copy per sequence).
+- The matmuls are small (64 x 64 x 128 per chunk, 16 x 16 blocks in the solve): Triton's mma.sync
+  path handles them without wgmma's M = 64 per warpgroup constraint and without hand-written barriers.
+- Grouped value heads read key head `h // group` directly: no repeated keys in memory.
+Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in the sequential kernel
+(the recurrence is latency-bound per chunk) and wgmma for the 64-row products.
+
+Precision: the 16 x 16 solve is fp32. Products whose operands are q/k/v-sized take the input dtype (bf16
+inputs: tensor cores with fp32 accumulation, the state and T rounded to bf16 for the product, as fla does;
+fp32 inputs: full fp32 products, slower). W and U are stored in the input dtype, gc in fp32.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+CHUNK = 64  # tokens per chunk (the reference's CHUNK_SIZE)
+BLOCK = 16  # rows of a block of the triangular solve (tl.dot needs M, N, K >= 16)
+NUM_BLOCKS = CHUNK // BLOCK
+F32 = jnp.float32
+
+
+def _div(x: jax.Array, d: int) -> jax.Array:
+    """x // d for non-negative int32 x (lax.div truncates)."""
+    return lax.div(x, jnp.int32(d))
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.Array:
+    """2-D product contracting a's axis contract[0] with b's axis contract[1]; fp32 result.
+
+    fp32 operands get full fp32 precision (Triton's default would be TF32).
+    """
+    precision = lax.Precision.HIGHEST if a.dtype == F32 else None
+    dims = (((contract[0],), (contract[1],)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
+
+
+def _unit_lower_inverse(a: jax.Array) -> jax.Array:  # [n, n] fp32
+    """(I + a)^-1 for a strictly lower triangular a [n, n] fp32, by forward substitution over its rows."""
+    n = a.shape[0]
+    rows = jnp.arange(n, dtype=jnp.int32)[:, None]  # [n, 1]
+    cols = jnp.arange(n, dtype=jnp.int32)[None, :]  # [1, n]
+
+    def row_step(i, inv):  # rows < i of inv are final; row i = e_i - sum_{j<i} a_ij inv_j
+        a_i = jnp.sum(jnp.where(rows == i, a, 0.0), axis=0)  # [n], row i of a (zero from column i on)
+        row = jnp.where(cols[0] == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * inv, axis=0)  # [n]
+        return jnp.where(rows == i, row[None, :], inv)
+
+    return lax.fori_loop(1, n, row_step, (rows == cols).astype(F32))
+
+
+def _find_chunk(cu_ref, p: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Chunk slot p -> (sequence s in [0, S], chunk index within s). Sequence s owns slots cu[s] // C + s on."""
+    num_seqs = cu_ref.shape[0] - 1
+
+    def first_slot(s):
+        return _div(cu_ref[s], CHUNK) + s
+
+    lo, hi = jnp.int32(0), jnp.int32(num_seqs + 1)  # largest s with first_slot(s) <= p
+    for _ in range(num_seqs.bit_length()):
+        mid = _div(lo + hi, 2)
+        go_right = first_slot(mid) <= p
+        lo, hi = jnp.where(go_right, mid, lo), jnp.where(go_right, hi, mid)
+    return lo, p - first_slot(lo)
+
+
+def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref, *, group: int):
+    """Program (chunk slot p, value head h): gc, W and U of one chunk (see the module docstring)."""
+    p, h = pl.program_id(0), pl.program_id(1)
+    num_tokens, _, dk = k_ref.shape
+    dv = v_ref.shape[-1]
+    num_seqs = cu_ref.shape[0] - 1
+    s, chunk = _find_chunk(cu_ref, p)
+    start = cu_ref[s] + chunk * CHUNK
+    end = cu_ref[jnp.minimum(s + 1, num_seqs)]
+
+    @pl.when((s < num_seqs) & (start < end))
+    def _():
+        hk = h // group
+        dtype = k_ref.dtype
+        cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
+        cols_v = jnp.arange(dv, dtype=jnp.int32)[None, :]  # [1, dv]
+        r = jnp.arange(BLOCK, dtype=jnp.int32)  # [n]
+        lower = r[:, None] > r[None, :]  # [n, n]
+
+        # Rows of block i: tokens start + i*n + r; the ones past the sequence read zeros (no update).
+        valid, tok, k, v, gc, beta = [], [], [], [], [], []
+        offset = jnp.zeros((), F32)
+        for i in range(NUM_BLOCKS):
+            ok = start + i * BLOCK + r < end  # [n]
+            t = jnp.where(ok, start + i * BLOCK + r, start)  # [n], in bounds
+            valid.append(ok)
+            tok.append(t)
+            k.append(jnp.where(ok[:, None], k_ref[t[:, None], hk, cols_k], 0))  # [n, dk]
+            v.append(jnp.where(ok[:, None], v_ref[t[:, None], h, cols_v], 0))  # [n, dv]
+            g_i = jnp.where(ok, g_ref[t, h].astype(F32), 0.0)  # [n]
+            gc.append(offset + jnp.cumsum(g_i))  # [n], log-decay from the chunk start, inclusive
+            offset = offset + jnp.sum(g_i)
+            beta.append(jnp.where(ok, beta_ref[t, h].astype(F32), 0.0))  # [n]
+
+        def a_block(i, j):  # [n, n] block (i, j) of A, j <= i
+            diff = gc[i][:, None] - gc[j][None, :]
+            if i == j:  # strictly lower; mask before exp (the upper triangle's exponent is >= 0)
+                return jnp.where(
+                    lower, beta[i][:, None] * _dot(k[i], k[j], (1, 1)) * jnp.exp(jnp.where(lower, diff, 0.0)), 0.0
+                )
+            return beta[i][:, None] * _dot(k[i], k[j], (1, 1)) * jnp.exp(diff)
+
+        a = {(i, j): a_block(i, j) for i in range(NUM_BLOCKS) for j in range(i + 1)}
+        t_blk = {(i, i): _unit_lower_inverse(a[i, i]) for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
+        for i in range(1, NUM_BLOCKS):
+            for j in range(i):
+                acc = sum(_dot(a[i, m], t_blk[m, j]) for m in range(j, i))  # [n, n]
+                t_blk[i, j] = -_dot(t_blk[i, i], acc)
+
+        for i in range(NUM_BLOCKS):
+            w_i = sum(  # [n, dk]
+                _dot((t_blk[i, j] * (beta[j] * jnp.exp(gc[j]))[None, :]).astype(dtype), k[j]) for j in range(i + 1)
+            )
+            u_i = sum(_dot((t_blk[i, j] * beta[j][None, :]).astype(dtype), v[j]) for j in range(i + 1))  # [n, dv]
+            out = jnp.where(valid[i], tok[i], num_tokens)  # [n]; rows past the sequence: past the end
+            plgpu.store(
+                w_ref.at[out[:, None], h, cols_k],
+                w_i.astype(w_ref.dtype),
+                mask=jnp.broadcast_to(valid[i][:, None], w_i.shape),
+            )
+            plgpu.store(
+                u_ref.at[out[:, None], h, cols_v],
+                u_i.astype(u_ref.dtype),
+                mask=jnp.broadcast_to(valid[i][:, None], u_i.shape),
+            )
+            plgpu.store(gc_ref.at[out, h], gc[i], mask=valid[i])
+
+
+def _recurrent_kernel(
+    cu_ref, slot_ref, q_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, o_ref, state_ref, *, group: int, block_v: int
+):
+    """Program (s, value head h, dv block): the state recurrence and the outputs of sequence s, or (s == S)
+    the zero outputs of the padding tokens."""
+    del state_in_ref  # the same buffer as state_ref (aliased)
+    s, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    num_tokens, _, dk = q_ref.shape
+    num_seqs = slot_ref.shape[0]
+    hk = h // group
+    cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
+    cols_v = vb * block_v + jnp.arange(block_v, dtype=jnp.int32)[None, :]  # [1, bv]
+    r = jnp.arange(CHUNK, dtype=jnp.int32)  # [C]
+    start = cu_ref[s]
+
+    def store_rows(rows, ok, o):  # o [C, bv] to tokens rows [C] where ok [C]
+        out = jnp.where(ok, rows, num_tokens)  # masked rows point past the end
+        plgpu.store(o_ref.at[out[:, None], h, cols_v], o, mask=jnp.broadcast_to(ok[:, None], o.shape))
+
+    @pl.when(s < num_seqs)
+    def _sequence():
+        end = cu_ref[s + 1]
+        slot = slot_ref[s]
+
+        @pl.when(end > start)
+        def _():
+            dtype = q_ref.dtype
+            state_view = state_ref.at[slot, h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
+
+            def chunk_step(c, state):  # state [dk, bv] fp32
+                first = start + c * CHUNK
+                ok = first + r < end  # [C]
+                tok = jnp.where(ok, first + r, first)  # [C], in bounds
+                load = lambda ref, head, cols: jnp.where(ok[:, None], ref[tok[:, None], head, cols], 0)
+                q, k, w = load(q_ref, hk, cols_k), load(k_ref, hk, cols_k), load(w_ref, h, cols_k)  # [C, dk]
+                u = load(u_ref, h, cols_v).astype(F32)  # [C, bv]
+                gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
+                gc_last = jnp.sum(jnp.where(r == jnp.minimum(end - first, CHUNK) - 1, gc, 0.0))
+                s_op = state.astype(dtype)
+                v_new = u - _dot(w, s_op)  # [C, bv]
+                o = _dot((q.astype(F32) * jnp.exp(gc)[:, None]).astype(dtype), s_op)  # [C, bv]
+                causal = (r[:, None] >= r[None, :]) & ok[:, None]  # [C, C]
+                decay = jnp.exp(jnp.where(causal, gc[:, None] - gc[None, :], -jnp.inf))
+                o = o + _dot((_dot(q, k, (1, 1)) * decay).astype(dtype), v_new.astype(dtype))
+                store_rows(tok, ok, o)
+                k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
+                return state * jnp.exp(gc_last) + _dot(k_decayed, v_new.astype(dtype), (0, 0))
+
+            num_chunks = _div(end - start + CHUNK - 1, CHUNK)
+            state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
+
+    @pl.when(s == num_seqs)
+    def _padding():
+        def zero_chunk(c, carry):
+            rows = start + c * CHUNK + r  # [C]
+            store_rows(rows, rows < num_tokens, jnp.zeros((CHUNK, block_v), F32))
+            return carry
+
+        lax.fori_loop(0, _div(num_tokens - start + CHUNK - 1, CHUNK), zero_chunk, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
+def gdn_chunk(
+    q: jax.Array,  # [T, Hk, dk]
+    k: jax.Array,  # [T, Hk, dk]
+    v: jax.Array,  # [T, Hv, dv]
+    g: jax.Array,  # [T, Hv] fp32
+    beta: jax.Array,  # [T, Hv] fp32
+    cu_seqlens: jax.Array,  # [S + 1] int32
+    slot_ids: jax.Array,  # [S] int32
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    *,
+    block_v: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32, state_pool
+    """Chunked gated delta rule over a packed ragged batch; the state pool is updated in place when donated.
+
+    q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16; block_v (a power of two >= 16
+    dividing dv) is the slice of the state's dv columns one program of the recurrence carries.
+    """
+    num_tokens, num_k_heads, dk = q.shape
+    num_v_heads, dv = v.shape[1], v.shape[2]
+    num_seqs = slot_ids.shape[0]
+    group = num_v_heads // num_k_heads
+    block_v = min(block_v, dv)
+    if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
+        raise ValueError(f"block_v must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
+    cu = cu_seqlens.astype(jnp.int32)
+    params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+    w, u, gc = pl.pallas_call(
+        functools.partial(_prepare_kernel, group=group),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dk), q.dtype),  # W
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # U
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads), F32),  # gc
+        ),
+        grid=(num_tokens // CHUNK + num_seqs, num_v_heads),
+        in_specs=[pl.no_block_spec] * 5,
+        out_specs=(pl.no_block_spec,) * 3,
+        interpret=interpret,
+        compiler_params=params,
+        name="gdn_chunk_prepare",
+    )(cu, k, v, g, beta)
+
+    o, state_pool = pl.pallas_call(
+        functools.partial(_recurrent_kernel, group=group, block_v=block_v),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), F32),
+            jax.ShapeDtypeStruct(state_pool.shape, F32),
+        ),
+        grid=(num_seqs + 1, num_v_heads, dv // block_v),
+        in_specs=[pl.no_block_spec] * 8,
+        out_specs=(pl.no_block_spec, pl.no_block_spec),
+        input_output_aliases={7: 1},
+        interpret=interpret,
+        compiler_params=params,
+        name="gdn_chunk_recurrent",
+    )(cu, slot_ids.astype(jnp.int32), q, k, w, u, gc, state_pool)
+    return o, state_pool

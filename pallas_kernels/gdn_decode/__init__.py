@@ -1,0 +1,111 @@
+"""One-token gated-delta-rule decode over state slots, in place: one dispatch function per op.
+
+`impl`: "auto" runs the Pallas kernel (Triton lowering) on a GPU when the shapes and dtypes are supported
+and the pure-JAX reference otherwise; "kernel" forces the compiled kernel, "interpret" the kernel in
+Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go to the kernel only.
+Value head j reads key head j // (Hv / Hk). Row b uses slot slot_ids[b]; padded rows use the null slot 0.
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.gdn_decode import kernel, reference
+
+Impl = Literal["auto", "kernel", "reference", "interpret"]
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+
+def _is_pow2_ge16(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def _unsupported_heads(num_k_heads: int, num_v_heads: int, dk: int, dv: int, state_pool: jax.Array) -> str | None:
+    if not (_is_pow2_ge16(dk) and _is_pow2_ge16(dv)):
+        return f"dk {dk} / dv {dv}: need powers of two >= 16"
+    if num_v_heads % num_k_heads:
+        return f"Hv {num_v_heads} is not a multiple of Hk {num_k_heads}"
+    if state_pool.dtype != jnp.float32 or state_pool.shape[1:] != (num_v_heads, dk, dv):
+        return f"state pool {state_pool.shape} {state_pool.dtype}: need [slots, {num_v_heads}, {dk}, {dv}] float32"
+    return None
+
+
+def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
+    """None: run the reference; else the kernel's `interpret` flag."""
+    if impl == "reference":
+        return None
+    if impl in ("kernel", "interpret"):
+        if reason is not None:
+            raise ValueError(f"gdn_decode kernel unsupported: {reason}")
+        return impl == "interpret"
+    if impl != "auto":
+        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
+    return False if reason is None and jax.default_backend() == "gpu" else None
+
+
+def gdn_decode(
+    q: jax.Array,  # [B, Hk, dk], L2-normalised and scaled by dk^-0.5
+    k: jax.Array,  # [B, Hk, dk], L2-normalised
+    v: jax.Array,  # [B, Hv, dv]
+    g: jax.Array,  # [B, Hv] fp32 log-decay (<= 0)
+    beta: jax.Array,  # [B, Hv] fp32
+    slot_ids: jax.Array,  # [B] int32
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    *,
+    impl: Impl = "auto",
+    **tuning,
+) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
+    """One recurrent step per row; the state pool is updated in place when the caller donates it."""
+    reason = _unsupported_heads(q.shape[1], v.shape[1], q.shape[2], v.shape[2], state_pool)
+    if reason is None and not all(x.dtype in _DTYPES for x in (q, k, v)):
+        reason = f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype} not in {_DTYPES}"
+    interpret = _kernel_mode(impl, reason)
+    if interpret is None:
+        return reference.gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
+    return kernel.gdn_decode(q, k, v, g, beta, slot_ids, state_pool, interpret=interpret, **tuning)
+
+
+def gdn_decode_fused(
+    mixed_qkv: jax.Array,  # [B, C] raw in_proj_qkv output (q | k | v channels), model dtype
+    a: jax.Array,  # [B, Hv] raw decay projection
+    b: jax.Array,  # [B, Hv] raw beta projection
+    conv_weight: jax.Array,  # [K, C]
+    A_log: jax.Array,  # [Hv] fp32
+    dt_bias: jax.Array,  # [Hv]
+    slot_ids: jax.Array,  # [B] int32
+    conv_pool: jax.Array,  # [slots, K-1, C] raw pre-conv columns, time-major
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    impl: Impl = "auto",
+    **tuning,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
+    """Conv-state shift + conv + SiLU, L2 norms, gates and the state update of the GDN decode step, in place on
+    both pools when the caller donates them."""
+    num_v_heads = a.shape[1]
+    channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    reason = _unsupported_heads(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
+    if reason is None and (
+        mixed_qkv.shape[1] != channels
+        or conv_weight.shape[1] != channels
+        or conv_pool.shape[1:] != (conv_weight.shape[0] - 1, channels)
+    ):
+        reason = (
+            f"mixed_qkv {mixed_qkv.shape} / conv_weight {conv_weight.shape} / conv_pool {conv_pool.shape}: "
+            f"need C = {channels} channels and K-1 cached columns"
+        )
+    if reason is None and mixed_qkv.dtype not in _DTYPES:
+        reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
+    interpret = _kernel_mode(impl, reason)
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, conv_pool, state_pool)
+    if interpret is None:
+        return reference.gdn_decode_fused(*args, **heads)
+    return kernel.gdn_decode_fused(*args, **heads, interpret=interpret, **tuning)
+
+
+__all__ = ["Impl", "gdn_decode", "gdn_decode_fused"]

@@ -1,0 +1,70 @@
+"""Pure-JAX reference for the one-token gated-delta-rule decode over state slots (the kernels' oracle and their
+fallback).
+
+Row b reads and writes slot ``slot_ids[b]`` of the pools. Real rows have distinct slots; padded rows of a
+fixed-shape batch point at the null slot 0, whose content is garbage that must never reach a real row (when
+several rows write one slot, one of them wins).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from hybrid_jax.layers.gdn import causal_conv, l2_normalize
+from hybrid_jax.ops.gated_delta import gated_delta_step
+
+F32 = jnp.float32
+
+
+def gdn_decode(
+    q: jax.Array,  # [B, Hk, dk], L2-normalised and scaled by dk^-0.5
+    k: jax.Array,  # [B, Hk, dk], L2-normalised
+    v: jax.Array,  # [B, Hv, dv]
+    g: jax.Array,  # [B, Hv] fp32 log-decay (<= 0)
+    beta: jax.Array,  # [B, Hv] fp32
+    slot_ids: jax.Array,  # [B] int32
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
+    """One recurrent step per row from its slot's state; the new state goes back to the slot."""
+    o, state = gated_delta_step(q, k, v, g, beta, state_pool[slot_ids])
+    return o, state_pool.at[slot_ids].set(state.astype(state_pool.dtype))
+
+
+def decode_gates(
+    a: jax.Array,  # [B, Hv] raw decay projection
+    b: jax.Array,  # [B, Hv] raw beta projection
+    A_log: jax.Array,  # [Hv] fp32
+    dt_bias: jax.Array,  # [Hv]
+) -> tuple[jax.Array, jax.Array]:  # g, beta [B, Hv] fp32
+    """g = -exp(A_log) * softplus(a + dt_bias) (log-decay), beta = sigmoid(b), in fp32 as the layer."""
+    g = -jnp.exp(A_log.astype(F32)) * jax.nn.softplus(a.astype(F32) + dt_bias.astype(F32))
+    return g, jax.nn.sigmoid(b.astype(F32))
+
+
+def gdn_decode_fused(
+    mixed_qkv: jax.Array,  # [B, C] raw in_proj_qkv output (q | k | v channels), model dtype
+    a: jax.Array,  # [B, Hv]
+    b: jax.Array,  # [B, Hv]
+    conv_weight: jax.Array,  # [K, C]
+    A_log: jax.Array,  # [Hv] fp32
+    dt_bias: jax.Array,  # [Hv]
+    slot_ids: jax.Array,  # [B] int32
+    conv_pool: jax.Array,  # [slots, K-1, C] raw pre-conv columns, time-major
+    state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
+    """The GDN layer's decode step from the raw projections: conv-state shift, depthwise conv + SiLU, L2 norm
+    and q scaling, gates, and the state update (as `GatedDeltaNet.project` + `gated_delta_step`)."""
+    batch = mixed_qkv.shape[0]
+    key_dim = num_k_heads * head_k_dim
+    window = jnp.concatenate([conv_pool[slot_ids].astype(mixed_qkv.dtype), mixed_qkv[:, None]], axis=1)  # [B, K, C]
+    mixed = jax.nn.silu(causal_conv(window, conv_weight)[:, 0])  # [B, C] fp32
+    q = l2_normalize(mixed[:, :key_dim].reshape(batch, num_k_heads, head_k_dim)) * head_k_dim**-0.5
+    k = l2_normalize(mixed[:, key_dim : 2 * key_dim].reshape(batch, num_k_heads, head_k_dim))
+    v = mixed[:, 2 * key_dim :].reshape(batch, -1, head_v_dim)  # [B, Hv, dv]
+    g, beta = decode_gates(a, b, A_log, dt_bias)
+    o, state_pool = gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
+    conv_pool = conv_pool.at[slot_ids].set(window[:, 1:].astype(conv_pool.dtype))
+    return o, conv_pool, state_pool

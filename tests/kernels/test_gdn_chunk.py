@@ -1,0 +1,162 @@
+"""Chunked gated-delta-rule prefill over a packed ragged batch: the reference against the token-scan oracle
+(`gated_delta_scan`, one sequence at a time), and the Pallas kernel (interpret mode on CPU, compiled when a
+GPU is present) against the reference.
+
+Every input is random, the whole state pool included: slot 0 (the null slot) and unused slots hold garbage,
+so a read of a wrong slot shows, and slots not named by a non-empty sequence must come back bit-identical.
+Tolerances (rtol = atol; values and states ~ N(0, 1)): fp32 1e-4 (reference vs scan, kernel vs reference);
+bf16 inputs 2e-2 (the kernel's products take bf16 operands, the state and T rounded to bf16 for them).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hybrid_jax.ops.gated_delta import gated_delta_chunked, gated_delta_scan
+from pallas_kernels import gdn_chunk as gc
+from pallas_kernels.gdn_chunk import reference
+
+TOL = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
+
+ON_GPU = jax.default_backend() == "gpu"
+IMPLS = [  # on a GPU the compiled kernel replaces the interpreter
+    pytest.param("interpret", marks=pytest.mark.skipif(ON_GPU, reason="CPU only: the GPU runs the kernel")),
+    pytest.param("kernel", marks=pytest.mark.skipif(not ON_GPU, reason="needs a GPU")),
+]
+# Chunk boundaries (1, 63, 64, 65), an empty (padded) sequence, one longer than two chunks.
+LENS = [1, 63, 0, 64, 65, 150]
+
+
+class Batch:
+    """Random packed inputs: sequences of `lens` tokens then `pad` padding tokens, a random state pool."""
+
+    def __init__(self, seed, lens, pad, num_k_heads, num_v_heads, dk, dv, dtype=jnp.float32, spare_slots=3):
+        rng = np.random.default_rng(seed)
+        self.lens = list(lens)
+        self.cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)  # [S + 1]
+        t = int(self.cu[-1]) + pad
+        num_slots = 1 + len(lens) + spare_slots
+        slots = rng.permutation(np.arange(1, num_slots))[: len(lens)]
+        self.slots = np.where(np.asarray(lens) > 0, slots, 0).astype(np.int32)  # [S]; empty sequences: null slot
+
+        def normal(*shape):
+            return rng.standard_normal(shape).astype(np.float32)
+
+        def l2(x):
+            return x / np.sqrt(np.sum(x * x, -1, keepdims=True) + 1e-6)
+
+        self.q = jnp.asarray(l2(normal(t, num_k_heads, dk)) * dk**-0.5, dtype)  # [T, Hk, dk]
+        self.k = jnp.asarray(l2(normal(t, num_k_heads, dk)), dtype)  # [T, Hk, dk]
+        self.v = jnp.asarray(normal(t, num_v_heads, dv), dtype)  # [T, Hv, dv]
+        self.g = jnp.asarray(-np.logaddexp(0, 2 * normal(t, num_v_heads)))  # [T, Hv], decays spread over (0, 1)
+        self.beta = jnp.asarray(1 / (1 + np.exp(-2 * normal(t, num_v_heads))))  # [T, Hv]
+        self.pool = jnp.asarray(normal(num_slots, num_v_heads, dk, dv))  # [slots, Hv, dk, dv]
+
+    def args(self):
+        return (self.q, self.k, self.v, self.g, self.beta, jnp.asarray(self.cu), jnp.asarray(self.slots), self.pool)
+
+    def scan_oracle(self):
+        """(o [T, Hv, dv], pool) from gated_delta_scan, one sequence at a time, in float32."""
+        o = np.zeros((self.q.shape[0], *self.v.shape[1:]), np.float32)
+        pool = np.asarray(self.pool).copy()
+        for s, (a, b) in enumerate(zip(self.cu[:-1], self.cu[1:], strict=True)):
+            if b > a:
+                seq = [x[None, a:b] for x in (self.q, self.k, self.v, self.g, self.beta)]
+                o_s, final = gated_delta_scan(*seq, self.pool[self.slots[s]][None])
+                o[a:b], pool[self.slots[s]] = o_s[0], final[0]
+        return o, pool
+
+    def untouched_slots(self) -> np.ndarray:
+        keep = np.ones(self.pool.shape[0], bool)
+        keep[self.slots[np.asarray(self.lens) > 0]] = False
+        return keep
+
+
+def _assert_close(got, want, tol):
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol)
+
+
+def _check(batch: Batch, o, pool, o_want, pool_want, tol):
+    """Real rows and real slots close; padding rows exactly 0; every other slot (null slot too) unchanged."""
+    end = batch.cu[-1]
+    _assert_close(o[:end], o_want[:end], tol)
+    np.testing.assert_array_equal(np.asarray(o[end:]), 0.0)
+    real = ~batch.untouched_slots()
+    _assert_close(np.asarray(pool)[real], np.asarray(pool_want)[real], tol)
+    keep = batch.untouched_slots()
+    np.testing.assert_array_equal(np.asarray(pool)[keep], np.asarray(batch.pool)[keep])
+
+
+# ---------------------------------------------------------------- the reference against the scan oracle
+
+
+@pytest.mark.parametrize(
+    ("num_k_heads", "num_v_heads", "dk", "dv"), [(2, 4, 16, 24), (1, 3, 16, 16)], ids=["group2-dk!=dv", "group3"]
+)
+def test_reference_matches_scan(num_k_heads, num_v_heads, dk, dv):
+    batch = Batch(0, LENS, 7, num_k_heads, num_v_heads, dk, dv)
+    o, pool = jax.jit(reference.gdn_chunk)(*batch.args())
+    _check(batch, o, pool, *batch.scan_oracle(), TOL[jnp.float32])
+
+
+def test_reference_long_sequence():
+    """A 4097-token sequence (64 chunks + 1 token) packed between short ones: the oracle scan and the chunked
+    form run on each sequence alone."""
+    batch = Batch(1, [3, 4097, 65], 5, 1, 2, 16, 16)
+    o, pool = jax.jit(reference.gdn_chunk)(*batch.args())
+    _check(batch, o, pool, *batch.scan_oracle(), TOL[jnp.float32])
+    a, b = batch.cu[1], batch.cu[2]
+    seq = [x[None, a:b] for x in (batch.q, batch.k, batch.v, batch.g, batch.beta)]
+    o_c, final = gated_delta_chunked(*seq, batch.pool[batch.slots[1]][None])
+    _assert_close(o[a:b], o_c[0], TOL[jnp.float32])
+    _assert_close(pool[batch.slots[1]], final[0], TOL[jnp.float32])
+
+
+# ---------------------------------------------------------------- the kernel against the reference
+
+KERNEL_CASES = [  # seed, Hk, Hv, dk, dv, dtype, tuning
+    (2, 2, 4, 16, 32, jnp.float32, dict(block_v=16)),  # group 2, dk != dv, two dv blocks
+    (3, 1, 3, 32, 16, jnp.float32, {}),  # group 3
+    (4, 2, 4, 32, 32, jnp.bfloat16, {}),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("seed", "num_k_heads", "num_v_heads", "dk", "dv", "dtype", "tuning"),
+    KERNEL_CASES,
+    ids=["f32-group2", "f32-group3", "bf16-group2"],
+)
+def test_kernel_matches_reference(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuning):
+    batch = Batch(seed, LENS, 5, num_k_heads, num_v_heads, dk, dv, dtype)
+    want = reference.gdn_chunk(*batch.args())
+    o, pool = gc.gdn_chunk(*batch.args(), impl=impl, **tuning)
+    _check(batch, o, pool, *want, TOL[dtype])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_kernel_no_padding_single_sequence(impl):
+    """One sequence filling the batch exactly (no padding rows, no empty sequence)."""
+    batch = Batch(5, [130], 0, 1, 2, 16, 16)
+    o, pool = gc.gdn_chunk(*batch.args(), impl=impl)
+    _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.float32])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("num_v_heads", [16, 32, 48])
+def test_kernel_real_shapes_gpu(num_v_heads):
+    """Qwen3.5 head shapes (Hk = 16, dk = dv = 128), bf16 inputs, a long sequence among short ones."""
+    batch = Batch(6, [1, 700, 64, 0, 2049], 11, 16, num_v_heads, 128, 128, jnp.bfloat16)
+    o, pool = gc.gdn_chunk(*batch.args(), impl="kernel")
+    _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.bfloat16])
+
+
+def test_dispatch():
+    batch = Batch(7, [5, 70], 3, 1, 2, 16, 24)  # dv = 24: not a power of two, the kernel can't take it
+    with pytest.raises(ValueError, match="dv 24"):
+        gc.gdn_chunk(*batch.args(), impl="kernel")
+    with pytest.raises(ValueError, match="impl must be"):
+        gc.gdn_chunk(*batch.args(), impl="triton")
+    o, pool = gc.gdn_chunk(*batch.args())  # auto: the reference
+    _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), 0.0)

@@ -1,0 +1,69 @@
+"""Tensor parallelism on fake CPU devices: logits and greedy continuations equal to tp=1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.sharding import make_mesh, shard_model
+
+# Heads that split over 8 shards; 2 KV heads, so tp=4 and tp=8 store one expanded KV head per shard.
+CONFIG = hybrid_jax.preset("tiny").replace(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=32, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=8, linear_value_head_dim=8,
+    tie_word_embeddings=False)
+IDS = jax.random.randint(jax.random.PRNGKey(0), (2, 70), 0, 512, jnp.int32)
+
+
+def perturbed_model(seed=5):
+    model = hybrid_jax.random_model(CONFIG, "float32", seed=seed)
+    # Non-trivial norm weights so every parameter matters.
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        if path[-1] == "weight" and var.ndim == 1:
+            var.set_value(var.get_value() + 0.2 * jax.random.normal(jax.random.PRNGKey(len(path)), var.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference_logits():
+    return np.asarray(nnx.jit(lambda m, x: m(x))(perturbed_model(), IDS))
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_sharded_logits_equal_tp1(tp, reference_logits):
+    model = perturbed_model()
+    mesh = make_mesh(tp)
+    shard_model(model, mesh)
+    kernel = model.layers[0].linear_attn.in_proj_qkv.kernel.get_value()
+    assert len(kernel.sharding.device_set) == tp
+    logits = nnx.jit(lambda m, x: m(x))(model, IDS)
+    np.testing.assert_allclose(logits, reference_logits, atol=1e-4 * np.abs(reference_logits).max(), rtol=0)
+
+
+def greedy(tp):
+    engine = Engine(perturbed_model(), EngineConfig(max_batch=4, max_model_len=128, page_size=16, prefill_chunk=32,
+                                                    max_prefill_seqs=2, tensor_parallel_size=tp)).start()
+    try:
+        prompts = [IDS[0, :40].tolist(), IDS[1, :7].tolist(), IDS[1, :33].tolist()]
+        handles = [engine.submit(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
+        return [[e.token_id for e in h] for h in handles]
+    finally:
+        engine.shutdown()
+
+
+def test_engine_greedy_equal_across_tp():
+    expected = greedy(1)
+    assert greedy(2) == expected
+    assert greedy(8) == expected
+
+
+@pytest.mark.parametrize("field, value, tp", [("num_attention_heads", 6, 4), ("linear_num_key_heads", 4, 8)])
+def test_heads_that_do_not_divide_are_rejected(field, value, tp):
+    config = CONFIG.replace(**{field: value})
+    model = hybrid_jax.random_model(config, "float32")
+    with pytest.raises(ValueError, match=rf"{field}={value}.*tensor_parallel_size={tp}"):
+        shard_model(model, make_mesh(tp))
