@@ -26,7 +26,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hybrid_jax.engine.cache import BlockAllocator, allocate_pools, page_table_row, pages_for, plan_layout
 from hybrid_jax.engine.sampler import SamplingRows
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.engine.steps import DecodeBatch, Kernels, PrefillBatch, decode_step, prefill_step
+from hybrid_jax.engine.steps import (
+    DecodeBatch,
+    Kernels,
+    PrefillBatch,
+    decode_step,
+    multi_decode_step,
+    prefill_step,
+)
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
 
@@ -48,6 +55,8 @@ class EngineConfig:
     num_pages: int | None = None  # KV pages (incl. the null page); None: sized from memory
     max_waiting: int = 4096  # waiting requests before submit raises QueueFullError
     tensor_parallel_size: int = 1  # shards of the model over the first devices
+    prefill_sizes: tuple[int, ...] | None = None  # token buckets of the prefill step (default: powers of two)
+    decode_steps: int = 1  # decode steps per call when nothing waits for prefill (hides the host round trip)
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
@@ -56,6 +65,8 @@ class EngineConfig:
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
+        if self.prefill_sizes:
+            return tuple(sorted(self.prefill_sizes))
         sizes = [s for s in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if s < self.prefill_chunk]
         return (*sizes, self.prefill_chunk)
 
@@ -137,6 +148,8 @@ class Engine:
                        valid_vocab=self.valid_vocab)
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
         self._decode = jax.jit(partial(self._run, decode_step, **step_kw), donate_argnums=1)
+        self._decode_multi = jax.jit(partial(self._run, multi_decode_step, num_steps=config.decode_steps, **step_kw),
+                                     donate_argnums=1)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
         self._prefilling: list[Request] = []
@@ -201,9 +214,11 @@ class Engine:
     def warmup(self) -> None:
         """Compile every decode and prefill bucket now, on padding batches (null slot and page)."""
         for size in self.config.decode_buckets:
-            start = time.perf_counter()
-            self._step_decode([], size)
-            log.info("warm-up: decode bucket B=%d compiled in %.1f s", size, time.perf_counter() - start)
+            for multi in (False, True) if self.config.decode_steps > 1 else (False,):
+                start = time.perf_counter()
+                self._step_decode([], size, multi)
+                log.info("warm-up: decode bucket B=%d (%d steps per call) compiled in %.1f s", size,
+                         self.config.decode_steps if multi else 1, time.perf_counter() - start)
         for size in self.config.prefill_buckets:
             start = time.perf_counter()
             self._step_prefill([], size)
@@ -308,7 +323,7 @@ class Engine:
         want_top = any(r.params.logprobs for r in requests)
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
-    def _step_decode(self, requests: list[Request], size: int):
+    def _step_decode(self, requests: list[Request], size: int, multi: bool = False):
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
@@ -321,14 +336,25 @@ class Engine:
             page_tables[i] = page_table_row(r.pages, width)
         rows, want_top = self._sampling_rows(requests, size)
         batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
-        sampled, self.pools = self._decode(self._weights, self.pools, batch)
+        step = self._decode_multi if multi else self._decode
+        sampled, self.pools = step(self._weights, self.pools, batch)
         return sampled
 
     def _run_decode(self) -> None:
         requests = list(self._decoding)
         size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-        sampled = self._step_decode(requests, size)
-        self._deliver(requests, sampled)
+        # Several steps per call only when no request waits for its prefill (it would wait that much longer).
+        multi = self.config.decode_steps > 1 and not (self._waiting or self._prefilling or self._inbox.qsize())
+        sampled = self._step_decode(requests, size, multi)
+        if not multi:
+            self._deliver(requests, sampled)
+            return
+        host = jax.tree.map(np.asarray, sampled)
+        for k in range(self.config.decode_steps):
+            live = [(i, r) for i, r in enumerate(requests) if not r.finished]
+            if not live:
+                break
+            self._deliver([r for _, r in live], jax.tree.map(lambda x, k=k: x[k], host), [i for i, _ in live])
 
     def _deliver(self, requests: list[Request], sampled, rows: list[int] | None = None) -> None:
         want_top = any(r.params.logprobs for r in requests)
@@ -336,7 +362,7 @@ class Engine:
         logprob = np.asarray(sampled.logprob)
         top_ids = np.asarray(sampled.top_ids) if want_top else None
         top_lp = np.asarray(sampled.top_logprobs) if want_top else None
-        for i, r in zip(rows or range(len(requests)), requests, strict=True):
+        for i, r in zip(range(len(requests)) if rows is None else rows, requests, strict=True):
             tops = (top_ids[i], top_lp[i]) if want_top else None
             self._emit(r, int(tokens[i]), logprob[i], tops)
 

@@ -218,6 +218,24 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     return sampled, {"layers": new_layers, "output_counts": counts, "prompt_mask": pools["prompt_mask"]}
 
 
+def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, num_steps: int,
+                      **kw) -> tuple[Sampled, dict]:
+    """``num_steps`` decode steps in one call, each feeding its samples to the next (no host round trip).
+
+    Returns samples with a leading [num_steps] axis. Rows that finish early (eos, max_tokens) keep running
+    on garbage that the engine discards; positions past their pages map to the null page.
+    """
+    def body(carry, _):
+        pools, tokens, positions, step = carry
+        sub = batch._replace(tokens=tokens, positions=positions, rows=batch.rows._replace(step=step))
+        sampled, pools = decode_step(model, pools, sub, **kw)
+        return (pools, sampled.tokens, positions + 1, step + 1), sampled
+
+    carry = (pools, batch.tokens, batch.positions, batch.rows.step)
+    (pools, *_), sampled = jax.lax.scan(body, carry, None, length=num_steps)
+    return sampled, pools
+
+
 def _window_conv(window, weight):
     """window [B, K, C] (oldest first), weight [K, C] -> [B, C] fp32."""
     return jnp.einsum("bkc,kc->bc", window.astype(F32), weight.astype(F32))

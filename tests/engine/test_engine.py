@@ -42,9 +42,9 @@ def tokens(handle):
     return [e.token_id for e in handle if e.token_id is not None]
 
 
-@pytest.mark.parametrize("chunk", [32, 256], ids=["chunked-prefill", "whole-prompt-prefill"])
-def test_greedy_matches_plain_model(model, prompts, reference, chunk):
-    engine = make_engine(model, prefill_chunk=chunk, max_prefill_seqs=3)
+@pytest.mark.parametrize("chunk, steps", [(32, 1), (256, 3)], ids=["chunked-prefill", "whole-prompts-multistep"])
+def test_greedy_matches_plain_model(model, prompts, reference, chunk, steps):
+    engine = make_engine(model, prefill_chunk=chunk, max_prefill_seqs=3, decode_steps=steps)
     try:
         handles = [engine.submit(p, GREEDY) for p in prompts]
         assert [tokens(h) for h in handles] == reference
@@ -90,6 +90,18 @@ def test_seeded_sampling_is_reproducible(model, prompts):
         assert again == runs[0]
     finally:
         engine.shutdown()
+
+
+def test_multistep_decode_keeps_seeded_samples(model, prompts):
+    params = SamplingParams(max_tokens=11, temperature=0.8, top_k=20, seed=4, ignore_eos=True)
+    results = []
+    for steps in (1, 4):
+        engine = make_engine(model, decode_steps=steps)
+        try:
+            results.append([tokens(engine.submit(p, params)) for p in prompts[:2]])
+        finally:
+            engine.shutdown()
+    assert results[0] == results[1]
 
 
 def test_stop_token_ids_eos_and_logprobs(model, prompts, reference):

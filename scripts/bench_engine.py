@@ -1,0 +1,80 @@
+"""In-process engine benchmark at a size's real shapes with random weights (no HTTP): print a table, write JSON.
+
+    python scripts/bench_engine.py --size 9b [--concurrency 1 64] [--prompt-len 1024] [--output-len 128]
+
+Measures time to ready (weights + cache + warm-up compiles), TTFT of one prompt, TPOT at concurrency 1
+(inter-token time of a single stream) and output tokens/s at the other concurrency levels, with greedy
+decoding and ignore_eos. Weights are random at the real shapes (bf16): speed does not depend on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import numpy as np
+
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.sampling_params import SamplingParams
+
+
+def run(engine: Engine, prompts: list[list[int]], output_len: int) -> dict:
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    start = time.monotonic()
+    handles = [engine.submit(p, params) for p in prompts]
+    ttft, tpot, total = [], [], 0
+    for h in handles:
+        times = [e.time for e in h if e.token_id is not None]
+        ttft.append(times[0] - start)
+        if len(times) > 1:  # as vllm bench serve: (latency - ttft) / (output tokens - 1)
+            tpot.append((times[-1] - times[0]) / (len(times) - 1))
+        total += len(times)
+    wall = time.monotonic() - start
+    return {"ttft_ms": 1e3 * statistics.median(ttft), "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
+            "tpot_p99_ms": 1e3 * float(np.percentile(tpot, 99)) if tpot else None, "output_tok_s": total / wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="0.8b")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1])
+    parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=1, help="decode steps per engine call")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    ready_start = time.monotonic()
+    model = hybrid_jax.random_model(args.size, "bfloat16")
+    max_batch = max(args.concurrency)
+    config = EngineConfig(max_batch=max_batch, max_model_len=args.prompt_len + args.output_len + 16, page_size=16,
+                          prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
+                          memory_utilization=0.85, decode_steps=args.decode_steps)
+    engine = Engine(model, config, valid_vocab=248_077).start()
+    ready = time.monotonic() - ready_start
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in args.concurrency:
+        prompts = [rng.integers(0, 248_000, args.prompt_len).tolist() for _ in range(c)]
+        run(engine, prompts[:1], 4)  # settle
+        rows.append({"size": args.size, "concurrency": c, **run(engine, prompts, args.output_len)})
+        print(json.dumps(rows[-1]), flush=True)
+    engine.shutdown()
+    meta = {"device": str(jax.devices()[0]), "time_to_ready_s": ready, "prompt_len": args.prompt_len,
+            "output_len": args.output_len, "weights": "random at real shapes, bf16", "date": time.strftime("%Y-%m-%d")}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(meta)
+    print(f"{'size':6} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10}")
+    for r in rows:
+        tpot = f"{r['tpot_ms']:.2f}" if r["tpot_ms"] else "-"
+        p99 = f"{r['tpot_p99_ms']:.2f}" if r["tpot_p99_ms"] else "-"
+        print(f"{r['size']:6} {r['concurrency']:4d} {r['ttft_ms']:9.1f} {tpot:>9} {p99:>9} {r['output_tok_s']:10.1f}")
+
+
+if __name__ == "__main__":
+    main()
