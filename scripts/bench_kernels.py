@@ -169,7 +169,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{meta}\n")
-    print(f"{'op':24} {'size':5} {'shape':18} {'ours ms':>9} {'peer ms':>9} {'peer/ours':>9} {'TB/s|TF/s':>9} {'HBM%':>6}")
+    header = ("op", "size", "shape", "ours ms", "peer ms", "peer/ours", "TB/s|TF/s", "HBM%")
+    print("{:24} {:5} {:18} {:>9} {:>9} {:>9} {:>9} {:>6}".format(*header))
     for r in rows:
         if "error" in r:
             print(f"{r['op']:24} {r['size']:5} {r['shape']:18} error: {r['error'][:60]}")
@@ -178,7 +179,8 @@ def main() -> None:
         rate = r.get("tbps", r.get("tflops"))
         share = f"{100 * r['hbm_share']:.0f}" if "hbm_share" in r else "-"
         peer = f"{r['peer_ms']:.3f}" if r.get("peer_ms") else "-"
-        print(f"{r['op']:24} {r['size']:5} {r['shape']:18} {r['ours_ms']:9.3f} {peer:>9} {ratio:>9} {rate:9.2f} {share:>6}")
+        print(f"{r['op']:24} {r['size']:5} {r['shape']:18} {r['ours_ms']:9.3f} {peer:>9} {ratio:>9} {rate:9.2f} "
+              f"{share:>6}")
 
 
 if __name__ == "__main__":

@@ -153,7 +153,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
             state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
             mixed, z, b, a = gdn.in_projections(h)
             conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
-            q, k, v = gdn.heads(conv_out)
+            q, k, v = (x.astype(dtype) for x in gdn.heads(conv_out))  # the kernel's fast path takes bf16
             g, beta = gdn.gates(b, a)
             o, state_pool = kernels.gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
             has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]

@@ -6,20 +6,15 @@ Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go
 Value head j reads key head j // (Hv / Hk).
 """
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.dispatch import Impl, is_pow2, kernel_mode
 from pallas_kernels.gdn_chunk import kernel, reference
-
-Impl = Literal["auto", "kernel", "reference", "interpret"]
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 
 
-def _is_pow2_ge16(n: int) -> bool:
-    return n >= 16 and n & (n - 1) == 0
 
 
 def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array, state_pool: jax.Array) -> str | None:
@@ -27,7 +22,7 @@ def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array, state_pool: jax.Array
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _DTYPES):
         return f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype}: need one of {_DTYPES}"
     dk, dv = q.shape[-1], v.shape[-1]
-    if not (_is_pow2_ge16(dk) and _is_pow2_ge16(dv)):
+    if not (is_pow2(dk, 16) and is_pow2(dv, 16)):
         return f"dk {dk} / dv {dv}: need powers of two >= 16"
     if v.shape[1] % q.shape[1]:
         return f"Hv {v.shape[1]} is not a multiple of Hk {q.shape[1]}"
@@ -36,17 +31,6 @@ def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array, state_pool: jax.Array
     return None
 
 
-def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
-    """None: run the reference; else the kernel's `interpret` flag."""
-    if impl == "reference":
-        return None
-    if impl in ("kernel", "interpret"):
-        if reason is not None:
-            raise ValueError(f"gdn_chunk kernel unsupported: {reason}")
-        return impl == "interpret"
-    if impl != "auto":
-        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
-    return False if reason is None and jax.default_backend() == "gpu" else None
 
 
 def gdn_chunk(
@@ -63,7 +47,7 @@ def gdn_chunk(
     **tuning,
 ) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32 (0 on padding), state_pool
     """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched)."""
-    interpret = _kernel_mode(impl, _unsupported(q, k, v, state_pool))
+    interpret = kernel_mode("gdn_chunk", impl, _unsupported(q, k, v, state_pool))
     if interpret is None:
         return reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)
     return kernel.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool, interpret=interpret, **tuning)

@@ -6,24 +6,19 @@ Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go
 Value head j reads key head j // (Hv / Hk). Row b uses slot slot_ids[b]; padded rows use the null slot 0.
 """
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.dispatch import Impl, is_pow2, kernel_mode
 from pallas_kernels.gdn_decode import kernel, reference
-
-Impl = Literal["auto", "kernel", "reference", "interpret"]
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
-def _is_pow2_ge16(n: int) -> bool:
-    return n >= 16 and n & (n - 1) == 0
 
 
 def _unsupported_heads(num_k_heads: int, num_v_heads: int, dk: int, dv: int, state_pool: jax.Array) -> str | None:
-    if not (_is_pow2_ge16(dk) and _is_pow2_ge16(dv)):
+    if not (is_pow2(dk, 16) and is_pow2(dv, 16)):
         return f"dk {dk} / dv {dv}: need powers of two >= 16"
     if num_v_heads % num_k_heads:
         return f"Hv {num_v_heads} is not a multiple of Hk {num_k_heads}"
@@ -32,17 +27,6 @@ def _unsupported_heads(num_k_heads: int, num_v_heads: int, dk: int, dv: int, sta
     return None
 
 
-def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
-    """None: run the reference; else the kernel's `interpret` flag."""
-    if impl == "reference":
-        return None
-    if impl in ("kernel", "interpret"):
-        if reason is not None:
-            raise ValueError(f"gdn_decode kernel unsupported: {reason}")
-        return impl == "interpret"
-    if impl != "auto":
-        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
-    return False if reason is None and jax.default_backend() == "gpu" else None
 
 
 def gdn_decode(
@@ -61,7 +45,7 @@ def gdn_decode(
     reason = _unsupported_heads(q.shape[1], v.shape[1], q.shape[2], v.shape[2], state_pool)
     if reason is None and not all(x.dtype in _DTYPES for x in (q, k, v)):
         reason = f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype} not in {_DTYPES}"
-    interpret = _kernel_mode(impl, reason)
+    interpret = kernel_mode("gdn_decode", impl, reason)
     if interpret is None:
         return reference.gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
     return kernel.gdn_decode(q, k, v, g, beta, slot_ids, state_pool, interpret=interpret, **tuning)
@@ -100,7 +84,7 @@ def gdn_decode_fused(
         )
     if reason is None and mixed_qkv.dtype not in _DTYPES:
         reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
-    interpret = _kernel_mode(impl, reason)
+    interpret = kernel_mode("gdn_decode", impl, reason)
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
     args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, conv_pool, state_pool)
     if interpret is None:

@@ -6,20 +6,15 @@ Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go
 Query head h reads KV head h // (Hq / Hkv).
 """
 
-from typing import Literal
-
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.dispatch import Impl, is_pow2, kernel_mode
 from pallas_kernels.paged_attention import kernel, reference
-
-Impl = Literal["auto", "kernel", "reference", "interpret"]
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) -> str | None:
@@ -29,10 +24,10 @@ def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) ->
     _, _, num_kv_heads, head_dim = k_pages.shape
     if k_pages.dtype not in _DTYPES:
         return f"KV dtype {k_pages.dtype} not in {_DTYPES}"
-    if not (_is_pow2(head_dim) and head_dim >= 16):
+    if not (is_pow2(head_dim) and head_dim >= 16):
         return f"head_dim {head_dim} is not a power of two >= 16"
     if q is None:
-        return None if _is_pow2(num_kv_heads) else f"Hkv {num_kv_heads} is not a power of two"
+        return None if is_pow2(num_kv_heads) else f"Hkv {num_kv_heads} is not a power of two"
     if q.dtype != k_pages.dtype:
         return f"q dtype {q.dtype} != KV dtype {k_pages.dtype}"
     if q.shape[-1] != head_dim or q.shape[-2] % num_kv_heads:
@@ -40,17 +35,6 @@ def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) ->
     return None
 
 
-def _kernel_mode(impl: Impl, reason: str | None) -> bool | None:
-    """None: run the reference; else the kernel's `interpret` flag."""
-    if impl == "reference":
-        return None
-    if impl in ("kernel", "interpret"):
-        if reason is not None:
-            raise ValueError(f"paged attention kernel unsupported: {reason}")
-        return impl == "interpret"
-    if impl != "auto":
-        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
-    return False if reason is None and jax.default_backend() == "gpu" else None
 
 
 def paged_decode_attention(
@@ -65,7 +49,7 @@ def paged_decode_attention(
     **tuning,
 ) -> jax.Array:  # [B, Hq, hd]
     """One query token per sequence over the first context_lens[b] tokens of its pages."""
-    interpret = _kernel_mode(impl, _unsupported(q, k_pages, v_pages))
+    interpret = kernel_mode("paged attention", impl, _unsupported(q, k_pages, v_pages))
     if interpret is None:
         return reference.paged_decode_attention(q, k_pages, v_pages, page_tables, context_lens, scale=scale)
     return kernel.paged_decode_attention(
@@ -86,7 +70,7 @@ def paged_prefill_attention(
     **tuning,
 ) -> jax.Array:  # [T, Hq, hd]
     """Causal prefill / extend: the new tokens are the last q_len positions of each sequence's context."""
-    interpret = _kernel_mode(impl, _unsupported(q, k_pages, v_pages))
+    interpret = kernel_mode("paged attention", impl, _unsupported(q, k_pages, v_pages))
     if interpret is None:
         return reference.paged_prefill_attention(q, k_pages, v_pages, page_tables, cu_q_lens, context_lens, scale=scale)
     return kernel.paged_prefill_attention(
@@ -105,7 +89,7 @@ def write_kv(
     **tuning,
 ) -> tuple[jax.Array, jax.Array]:
     """Writes new K/V rows into the pools (in place when the caller donates them)."""
-    interpret = _kernel_mode(impl, _unsupported(None, k_pages, v_pages))
+    interpret = kernel_mode("paged attention", impl, _unsupported(None, k_pages, v_pages))
     if interpret is None:
         return reference.write_kv(k_pages, v_pages, k_new, v_new, slot_mapping)
     return kernel.write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, interpret=interpret, **tuning)

@@ -1,0 +1,33 @@
+"""What every op's dispatch function shares: choosing between the Pallas kernel and the XLA reference."""
+
+import os
+from typing import Literal
+
+import jax
+
+Impl = Literal["auto", "kernel", "reference", "interpret"]
+# HYBRID_JAX_KERNELS=reference makes "auto" run the references everywhere (to bisect a kernel problem).
+FORCE_REFERENCE_ENV = "HYBRID_JAX_KERNELS"
+
+
+def is_pow2(n: int, minimum: int = 1) -> bool:
+    return n >= minimum and n & (n - 1) == 0
+
+
+def kernel_mode(op: str, impl: Impl, reason: str | None) -> bool | None:
+    """None: run the reference; else the kernel's ``interpret`` flag.
+
+    ``reason`` says why the kernel cannot take the operands (None: it can). "auto" picks the kernel on a
+    GPU when it can, the reference elsewhere; "kernel" and "interpret" raise when it cannot.
+    """
+    if impl == "reference":
+        return None
+    if impl in ("kernel", "interpret"):
+        if reason is not None:
+            raise ValueError(f"{op} kernel unsupported: {reason}")
+        return impl == "interpret"
+    if impl != "auto":
+        raise ValueError(f"impl must be auto, kernel, reference or interpret, got {impl!r}")
+    if os.environ.get(FORCE_REFERENCE_ENV) == "reference":
+        return None
+    return False if reason is None and jax.default_backend() == "gpu" else None
