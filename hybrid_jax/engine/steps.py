@@ -19,7 +19,7 @@ from hybrid_jax.layers.gdn import GatedDeltaNet
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
-from pallas_kernels.gdn_decode import gdn_decode
+from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
 from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
 
 F32 = jnp.float32
@@ -200,12 +200,18 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         else:
             gdn = layer.linear_attn
             mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
-            conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
-            window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
-            q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
-            g, beta = gdn.gates(b, a)
-            o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
-            conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
+            if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
+                o, conv_pool, state_pool = gdn_decode_fused(
+                    mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
+                    pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
+                    head_v_dim=gdn.v_dim)
+            else:  # conv channels are split across shards by position, not by head: unfused
+                conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
+                window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
+                q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
+                g, beta = gdn.gates(b, a)
+                o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
+                conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
             h = gdn.output(o, z)
             new_layers.append({"conv": conv_pool, "state": state_pool})
         x = x + h
