@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=1, help="decode steps per engine call")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ready_start = time.monotonic()
@@ -52,7 +53,8 @@ def main() -> None:
     max_batch = max(args.concurrency)
     config = EngineConfig(max_batch=max_batch, max_model_len=args.prompt_len + args.output_len + 16, page_size=16,
                           prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
-                          memory_utilization=0.85, decode_steps=args.decode_steps)
+                          memory_utilization=0.85, decode_steps=args.decode_steps,
+                          tensor_parallel_size=args.tensor_parallel_size)
     engine = Engine(model, config, valid_vocab=248_077).start()
     ready = time.monotonic() - ready_start
     rng = np.random.default_rng(0)
@@ -60,7 +62,8 @@ def main() -> None:
     for c in args.concurrency:
         prompts = [rng.integers(0, 248_000, args.prompt_len).tolist() for _ in range(c)]
         run(engine, prompts[:1], 4)  # settle
-        rows.append({"size": args.size, "concurrency": c, **run(engine, prompts, args.output_len)})
+        rows.append({"size": args.size, "tp": args.tensor_parallel_size, "concurrency": c,
+                     **run(engine, prompts, args.output_len)})
         print(json.dumps(rows[-1]), flush=True)
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "time_to_ready_s": ready, "prompt_len": args.prompt_len,
@@ -69,11 +72,12 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(meta)
-    print(f"{'size':6} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10}")
+    print(f"{'size':6} {'tp':>3} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10}")
     for r in rows:
         tpot = f"{r['tpot_ms']:.2f}" if r["tpot_ms"] else "-"
         p99 = f"{r['tpot_p99_ms']:.2f}" if r["tpot_p99_ms"] else "-"
-        print(f"{r['size']:6} {r['concurrency']:4d} {r['ttft_ms']:9.1f} {tpot:>9} {p99:>9} {r['output_tok_s']:10.1f}")
+        print(f"{r['size']:6} {r['tp']:3d} {r['concurrency']:4d} {r['ttft_ms']:9.1f} {tpot:>9} {p99:>9} "
+              f"{r['output_tok_s']:10.1f}")
 
 
 if __name__ == "__main__":
