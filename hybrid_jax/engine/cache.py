@@ -41,26 +41,34 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
     return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
 
 
-def allocate_pools(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int, kv_heads: int | None = None) -> dict:
-    """Zeroed device pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}.
+def pool_shapes(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int, kv_heads: int | None = None) -> dict:
+    """Shapes of the pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}.
 
     ``kv_heads``: KV heads the pool stores (more than the model's when tensor parallelism expands them).
     """
     c = config
+    shape = jax.ShapeDtypeStruct
     layers = []
     for t in c.layer_types:
         if t == "full_attention":
-            shape = (layout.num_pages, layout.page_size, kv_heads or c.num_key_value_heads, c.head_dim)
-            layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
+            kv = shape((layout.num_pages, layout.page_size, kv_heads or c.num_key_value_heads, c.head_dim), dtype)
+            layers.append({"k": kv, "v": kv})
         else:
             layers.append({
-                "conv": jnp.zeros((layout.num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim), dtype),
-                "state": jnp.zeros((layout.num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
-                                    c.linear_value_head_dim), F32),
+                "conv": shape((layout.num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim), dtype),
+                "state": shape((layout.num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                                c.linear_value_head_dim), F32),
             })
     return {"layers": layers,
-            "output_counts": jnp.zeros((layout.num_slots, vocab), jnp.int32),
-            "prompt_mask": jnp.zeros((layout.num_slots, vocab), jnp.bool_)}
+            "output_counts": shape((layout.num_slots, vocab), jnp.int32),
+            "prompt_mask": shape((layout.num_slots, vocab), jnp.bool_)}
+
+
+def allocate_pools(shapes: dict, shardings: dict | None = None) -> dict:
+    """Zeroed pools, each created directly with its sharding (never whole on one device first)."""
+    if shardings is None:
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return jax.tree.map(lambda s, sharding: jnp.zeros(s.shape, s.dtype, device=sharding), shapes, shardings)
 
 
 class BlockAllocator:

@@ -23,7 +23,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hybrid_jax.engine.cache import BlockAllocator, allocate_pools, page_table_row, pages_for, plan_layout
+from hybrid_jax.engine.cache import (
+    BlockAllocator,
+    allocate_pools,
+    page_table_row,
+    pages_for,
+    plan_layout,
+    pool_shapes,
+)
 from hybrid_jax.engine.sampler import SamplingRows
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.engine.steps import (
@@ -135,12 +142,12 @@ class Engine:
         self.layout = plan_layout(model.config, model.dtype, vocab, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages, tp=tp)
-        self.pools = allocate_pools(model.config, self.layout, model.dtype, vocab, stored_kv_heads(model.config, tp))
+        shapes = pool_shapes(model.config, self.layout, model.dtype, vocab, stored_kv_heads(model.config, tp))
         self._pool_shardings = None
         if self.mesh is not None:
             self._pool_shardings = jax.tree.map(lambda p: NamedSharding(self.mesh, p), pool_specs(model.config),
                                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
-            self.pools = jax.device_put(self.pools, self._pool_shardings)
+        self.pools = allocate_pools(shapes, self._pool_shardings)
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
         self._graphdef, self._weights = nnx.split(model)

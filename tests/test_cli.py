@@ -1,0 +1,48 @@
+"""``hybrid-jax generate`` and ``score`` on JSONL files with the embedded tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hybrid_jax.cli import main
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_generate(tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, [{"prompt": "Hello"}, {"prompt_token_ids": [1, 2, 3], "max_tokens": 2},
+                         {"prompt": "Bye", "temperature": 1.0, "seed": 3}])
+    main(["generate", "--input", str(source), "--output", str(target), "--max-batch", "2", "--max-model-len", "64",
+          "--max-tokens", "4", "--temperature", "0", "--ignore-eos"])
+    rows = read_jsonl(target)
+    assert [r["prompt"] for r in rows] == ["Hello", None, "Bye"]
+    assert [len(r["token_ids"]) for r in rows] == [4, 2, 4]
+    assert all(r["finish_reason"] == "length" and isinstance(r["text"], str) for r in rows)
+
+
+def test_score(tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_jsonl(source, [{"text": "The cat sat"}, {"prompt_token_ids": [5, 6, 7, 8]}])
+    main(["score", "--input", str(source), "--output", str(target), "--max-model-len", "64"])
+    rows = read_jsonl(target)
+    assert len(rows[1]["token_ids"]) == 4 and len(rows[1]["logprobs"]) == 3
+    for row in rows:
+        assert all(v <= 0 for v in row["logprobs"])
+        assert math.isclose(row["total_logprob"], sum(row["logprobs"]), rel_tol=1e-6)
+
+
+def test_bad_input_line_names_the_line(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "ok"}\n{"oops": 1}\n')
+    with pytest.raises(SystemExit, match=r"in.jsonl:2"):
+        main(["score", "--input", str(source), "--output", str(tmp_path / "out.jsonl"), "--max-model-len", "64"])
