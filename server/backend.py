@@ -28,7 +28,8 @@ def default_llm(settings: Settings):
 
     return LLM(settings.model_path, settings.dtype, max_batch=settings.max_batch,
                max_model_len=settings.max_model_len, prefill_chunk=settings.prefill_chunk,
-               max_waiting=settings.max_waiting)
+               max_waiting=settings.max_waiting, tensor_parallel_size=settings.tensor_parallel_size,
+               decode_steps=settings.decode_steps)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

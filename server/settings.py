@@ -18,6 +18,8 @@ class Settings:
     max_batch: int = 32
     max_model_len: int = 4096
     prefill_chunk: int = 256
+    tensor_parallel_size: int = 1
+    decode_steps: int = 1
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024

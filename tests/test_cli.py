@@ -46,3 +46,15 @@ def test_bad_input_line_names_the_line(tmp_path):
     source.write_text('{"text": "ok"}\n{"oops": 1}\n')
     with pytest.raises(SystemExit, match=r"in.jsonl:2"):
         main(["score", "--input", str(source), "--output", str(tmp_path / "out.jsonl"), "--max-model-len", "64"])
+
+
+def test_generate_tensor_parallel_matches_single_device(tmp_path):
+    source = tmp_path / "in.jsonl"
+    write_jsonl(source, [{"prompt": "Hello there"}, {"prompt_token_ids": [7, 8, 9, 10]}])
+    outputs = []
+    for tp in ("1", "2"):
+        target = tmp_path / f"out{tp}.jsonl"
+        main(["generate", "--input", str(source), "--output", str(target), "--max-batch", "2", "--max-model-len",
+              "64", "--max-tokens", "5", "--temperature", "0", "--ignore-eos", "--tensor-parallel-size", tp])
+        outputs.append([r["token_ids"] for r in read_jsonl(target)])
+    assert outputs[0] == outputs[1]

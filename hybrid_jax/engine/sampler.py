@@ -80,7 +80,10 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     greedy_ids = jnp.argmax(penalized, axis=-1)
 
     def draw(_):
-        filtered = filter_logits(penalized, rows)
+        # The full-vocabulary sort behind top-k/top-p/min-p runs only when some row asks for a filter.
+        needs_filter = jnp.any(rows.top_k > 0) | jnp.any(rows.top_p < 1.0) | jnp.any(rows.min_p > 0.0)
+        scaled = penalized / jnp.maximum(rows.temperature, 1e-6)[:, None]
+        filtered = jax.lax.cond(needs_filter, lambda: filter_logits(penalized, rows), lambda: scaled)
         keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(rows.seed, rows.step)
         return jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
 
