@@ -128,41 +128,59 @@ def _reset_rows(pool, slot_ids, reset):
     return pool.at[slot_ids].set(jnp.where(mask, jnp.zeros_like(rows), rows))
 
 
-def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
-                 valid_vocab: int) -> tuple[Sampled, dict]:
-    """Run one packed prefill chunk; returns a sample for every sequence's last token, and the new pools."""
-    x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
-    seq = batch.seq_index
-    slot_mapping = _slot_mapping(batch.page_tables, seq, batch.positions, batch.valid, page_size)
+def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_mapping, kernels: Kernels, attend,
+                    linear_attention):
+    """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens.
+
+    ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV cache (new K/V already written);
+    ``linear_attention(gdn, h, pool, dtype) -> (y, new pool)`` runs a GDN mixer over its slot pool.
+    Returns the final residual stream and the new per-layer pools.
+    """
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
         h = layer.input_layernorm(x, dtype)
         if layer.is_attention:
             attn = layer.self_attn
-            q, k, v, gate = attn.project(h, batch.positions)  # [T, H, hd]
-            k, v = (kernels.kv_heads(x.astype(pool["k"].dtype)) for x in (k, v))
+            q, k, v, gate = attn.project(h, positions)  # [N, H, hd]
+            k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
             k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
-            o = kernels.prefill_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables,
-                                          batch.cu_seqlens, batch.context_lens, scale=attn.scale)
-            h = attn.output(o.astype(h.dtype), gate)
-            new_layers.append({"k": k_pages, "v": v_pages})
+            h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(h.dtype), gate)
+            pool = {"k": k_pages, "v": v_pages}
         else:
-            gdn = layer.linear_attn
-            conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
-            state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
-            mixed, z, b, a = gdn.in_projections(h)
-            conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
-            q, k, v = (x.astype(dtype) for x in gdn.heads(conv_out))  # the kernel's fast path takes bf16
-            g, beta = gdn.gates(b, a)
-            o, state_pool = kernels.gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
-            has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]
-            conv_pool = conv_pool.at[batch.slot_ids].set(
-                jnp.where(has_tokens, new_conv.astype(conv_pool.dtype), conv_pool[batch.slot_ids]))
-            h = gdn.output(o, z)
-            new_layers.append({"conv": conv_pool, "state": state_pool})
+            h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
+        new_layers.append(pool)
         x = x + h
         x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+    return x, new_layers
+
+
+def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
+                 valid_vocab: int) -> tuple[Sampled, dict]:
+    """Run one packed prefill chunk; returns a sample for every sequence's last token, and the new pools."""
+    seq = batch.seq_index
+    slot_mapping = _slot_mapping(batch.page_tables, seq, batch.positions, batch.valid, page_size)
+
+    def attend(q, k_pages, v_pages, scale):
+        return kernels.prefill_attention(q, k_pages, v_pages, batch.page_tables, batch.cu_seqlens,
+                                         batch.context_lens, scale=scale)
+
+    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
+        conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
+        state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
+        mixed, z, b, a = gdn.in_projections(h)
+        conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
+        q, k, v = (t.astype(dtype) for t in gdn.heads(conv_out))  # the kernel's fast path takes bf16
+        g, beta = gdn.gates(b, a)
+        o, state_pool = kernels.gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
+        has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]
+        conv_pool = conv_pool.at[batch.slot_ids].set(
+            jnp.where(has_tokens, new_conv.astype(conv_pool.dtype), conv_pool[batch.slot_ids]))
+        return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
+
+    x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
+                                    linear_attention)
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
@@ -179,43 +197,33 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
 def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: Kernels, page_size: int,
                 valid_vocab: int) -> tuple[Sampled, dict]:
     """One token for each row; returns the samples and the new pools."""
-    x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
     real = batch.slot_ids > 0
     rows = jnp.arange(batch.tokens.shape[0])
     slot_mapping = _slot_mapping(batch.page_tables, rows, batch.positions, real, page_size)
     context_lens = jnp.where(real, batch.positions + 1, 0)
-    new_layers = []
-    for layer, pool in zip(model.layers, pools["layers"], strict=True):
-        dtype = layer.mlp.down_proj.kernel.dtype
-        h = layer.input_layernorm(x, dtype)
-        if layer.is_attention:
-            attn = layer.self_attn
-            q, k, v, gate = attn.project(h, batch.positions)  # [B, H, hd]
-            k, v = (kernels.kv_heads(x.astype(pool["k"].dtype)) for x in (k, v))
-            k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
-            o = kernels.decode_attention(q.astype(k_pages.dtype), k_pages, v_pages, batch.page_tables, context_lens,
-                                         scale=attn.scale)
-            h = attn.output(o.astype(h.dtype), gate)
-            new_layers.append({"k": k_pages, "v": v_pages})
-        else:
-            gdn = layer.linear_attn
-            mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
-            if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
-                o, conv_pool, state_pool = gdn_decode_fused(
-                    mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
-                    pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
-                    head_v_dim=gdn.v_dim)
-            else:  # conv channels are split across shards by position, not by head: unfused
-                conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
-                window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
-                q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
-                g, beta = gdn.gates(b, a)
-                o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
-                conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
-            h = gdn.output(o, z)
-            new_layers.append({"conv": conv_pool, "state": state_pool})
-        x = x + h
-        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+
+    def attend(q, k_pages, v_pages, scale):
+        return kernels.decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=scale)
+
+    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
+        mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
+        if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
+            o, conv_pool, state_pool = gdn_decode_fused(
+                mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
+                pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
+                head_v_dim=gdn.v_dim)
+        else:  # conv channels are split across shards by position, not by head: unfused
+            conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
+            window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
+            q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
+            g, beta = gdn.gates(b, a)
+            o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
+            conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
+        return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
+
+    x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
+                                    linear_attention)
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
