@@ -59,9 +59,9 @@ class GatedDeltaNet(nnx.Module):
         self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
 
     def in_projections(self, x: jax.Array):
-        """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] fp32 logits."""
-        z = self.in_proj_z(x).reshape(*x.shape[:-1], self.num_v_heads, self.v_dim)
-        return self.in_proj_qkv(x), z, self.in_proj_b(x, F32), self.in_proj_a(x, F32)
+        """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] logits, all fp32."""
+        z = self.in_proj_z(x, F32).reshape(*x.shape[:-1], self.num_v_heads, self.v_dim)
+        return self.in_proj_qkv(x, F32), z, self.in_proj_b(x, F32), self.in_proj_a(x, F32)
 
     def heads(self, conv_out: jax.Array):
         """conv_out [..., C] fp32 (before SiLU) -> q, k [..., Hk, dk] normalised (q scaled), v [..., Hv, dv] fp32."""
@@ -85,7 +85,7 @@ class GatedDeltaNet(nnx.Module):
         """
         mixed, z, b, a = self.in_projections(x)
         window = jnp.concatenate([conv_state.astype(mixed.dtype), mixed], axis=-2)
-        new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :]
+        new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :].astype(conv_state.dtype)
         q, k, v = self.heads(causal_conv(window, self.conv1d.weight[...]))
         g, beta = self.gates(b, a)
         return q, k, v, g, beta, z, new_conv_state
