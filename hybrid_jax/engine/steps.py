@@ -209,8 +209,8 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
         if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
             o, conv_pool, state_pool = gdn_decode_fused(
-                mixed.astype(pool["conv"].dtype), a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
-                pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
+                mixed.astype(pool["conv"].dtype), a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...],
+                batch.slot_ids, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
                 head_v_dim=gdn.v_dim)
         else:  # conv channels are split across shards by position, not by head: unfused
             conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
