@@ -14,6 +14,17 @@ def is_pow2(n: int, minimum: int = 1) -> bool:
     return n >= minimum and n & (n - 1) == 0
 
 
+def gdn_unsupported(num_k_heads: int, num_v_heads: int, dk: int, dv: int, state_pool) -> str | None:
+    """Why the GDN kernels cannot take these head shapes / state pool (None: they can)."""
+    if not (is_pow2(dk, 16) and is_pow2(dv, 16)):
+        return f"dk {dk} / dv {dv}: need powers of two >= 16"
+    if num_v_heads % num_k_heads:
+        return f"Hv {num_v_heads} is not a multiple of Hk {num_k_heads}"
+    if state_pool.dtype != "float32" or state_pool.shape[1:] != (num_v_heads, dk, dv):
+        return f"state pool {state_pool.shape} {state_pool.dtype}: need [slots, {num_v_heads}, {dk}, {dv}] float32"
+    return None
+
+
 def kernel_mode(op: str, impl: Impl, reason: str | None) -> bool | None:
     """None: run the reference; else the kernel's ``interpret`` flag.
 

@@ -9,28 +9,17 @@ Value head j reads key head j // (Hv / Hk).
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.dispatch import Impl, is_pow2, kernel_mode
+from pallas_kernels.dispatch import Impl, gdn_unsupported, kernel_mode
 from pallas_kernels.gdn_chunk import kernel, reference
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-
-
 
 
 def _unsupported(q: jax.Array, k: jax.Array, v: jax.Array, state_pool: jax.Array) -> str | None:
     """Why the kernel can't take these operands (None: it can)."""
     if not (q.dtype == k.dtype == v.dtype and q.dtype in _DTYPES):
         return f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype}: need one of {_DTYPES}"
-    dk, dv = q.shape[-1], v.shape[-1]
-    if not (is_pow2(dk, 16) and is_pow2(dv, 16)):
-        return f"dk {dk} / dv {dv}: need powers of two >= 16"
-    if v.shape[1] % q.shape[1]:
-        return f"Hv {v.shape[1]} is not a multiple of Hk {q.shape[1]}"
-    if state_pool.dtype != jnp.float32:
-        return f"state dtype {state_pool.dtype}: need float32"
-    return None
-
-
+    return gdn_unsupported(q.shape[1], v.shape[1], q.shape[-1], v.shape[-1], state_pool)
 
 
 def gdn_chunk(

@@ -9,24 +9,10 @@ Value head j reads key head j // (Hv / Hk). Row b uses slot slot_ids[b]; padded 
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.dispatch import Impl, is_pow2, kernel_mode
+from pallas_kernels.dispatch import Impl, gdn_unsupported, kernel_mode
 from pallas_kernels.gdn_decode import kernel, reference
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
-
-
-
-
-def _unsupported_heads(num_k_heads: int, num_v_heads: int, dk: int, dv: int, state_pool: jax.Array) -> str | None:
-    if not (is_pow2(dk, 16) and is_pow2(dv, 16)):
-        return f"dk {dk} / dv {dv}: need powers of two >= 16"
-    if num_v_heads % num_k_heads:
-        return f"Hv {num_v_heads} is not a multiple of Hk {num_k_heads}"
-    if state_pool.dtype != jnp.float32 or state_pool.shape[1:] != (num_v_heads, dk, dv):
-        return f"state pool {state_pool.shape} {state_pool.dtype}: need [slots, {num_v_heads}, {dk}, {dv}] float32"
-    return None
-
-
 
 
 def gdn_decode(
@@ -42,7 +28,7 @@ def gdn_decode(
     **tuning,
 ) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
     """One recurrent step per row; the state pool is updated in place when the caller donates it."""
-    reason = _unsupported_heads(q.shape[1], v.shape[1], q.shape[2], v.shape[2], state_pool)
+    reason = gdn_unsupported(q.shape[1], v.shape[1], q.shape[2], v.shape[2], state_pool)
     if reason is None and not all(x.dtype in _DTYPES for x in (q, k, v)):
         reason = f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
@@ -72,7 +58,7 @@ def gdn_decode_fused(
     both pools when the caller donates them."""
     num_v_heads = a.shape[1]
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
-    reason = _unsupported_heads(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
+    reason = gdn_unsupported(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
     if reason is None and (
         mixed_qkv.shape[1] != channels
         or conv_weight.shape[1] != channels

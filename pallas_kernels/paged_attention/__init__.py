@@ -15,8 +15,6 @@ from pallas_kernels.paged_attention import kernel, reference
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
 
 
-
-
 def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) -> str | None:
     """Why the kernels can't take these operands (None: they can)."""
     if k_pages.ndim != 4 or v_pages.shape != k_pages.shape or v_pages.dtype != k_pages.dtype:
@@ -33,8 +31,6 @@ def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) ->
     if q.shape[-1] != head_dim or q.shape[-2] % num_kv_heads:
         return f"q {q.shape} does not fit KV heads {num_kv_heads} x {head_dim}"
     return None
-
-
 
 
 def paged_decode_attention(

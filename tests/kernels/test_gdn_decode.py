@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from hybrid_jax.config import preset
-from hybrid_jax.layers.gdn import GatedDeltaNet
+from hybrid_jax.layers.gdn import GatedDeltaNet, causal_conv
 from hybrid_jax.ops.gated_delta import gated_delta_scan, gated_delta_step
 from pallas_kernels import gdn_decode as gd
 from pallas_kernels.gdn_decode import reference
@@ -119,20 +119,25 @@ def test_reference_matches_scan(num_k_heads, num_v_heads, dk, dv):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_reference_matches_layer(dtype):
-    """The fused reference equals GatedDeltaNet.project + gated_delta_step on the layer's own projections."""
+    """The fused reference equals the layer's conv, heads and gates + gated_delta_step on its own projections."""
     config = preset("tiny").replace(linear_num_value_heads=6)  # Hk = 2, Hv = 6 (group 3), dk = dv = 16
     layer = GatedDeltaNet(config, dtype, rngs=nnx.Rngs(0))
     step = Step(1, 3, 2, config.linear_num_key_heads, 6, 16, 16, dtype)
     x = jnp.asarray(step.normal(5, 1, config.hidden_size), dtype)  # [B, 1, D]
     *_, conv_pool, state_pool = step.fused_args()
     slots = jnp.asarray(step.slots)
-    q, k, v, g, beta, _, conv = layer.project(x, conv_pool[slots])
-    o_want, state = gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state_pool[slots])
+    mixed, _, b, a = layer.in_projections(x[:, 0])  # the engine rounds mixed to the conv pool's dtype
+    mixed = mixed.astype(dtype)
+    window = jnp.concatenate([conv_pool[slots], mixed[:, None]], axis=1)  # [B, K, C]
+    q, k, v = layer.heads(causal_conv(window, layer.conv1d.weight[...])[:, 0])
+    g, beta = layer.gates(b, a)
+    conv = window[:, 1:]
+    o_want, state = gated_delta_step(q, k, v, g, beta, state_pool[slots])
 
     o, conv_out, state_out = reference.gdn_decode_fused(
-        layer.in_proj_qkv(x)[:, 0],
-        layer.in_proj_a(x, jnp.float32)[:, 0],
-        layer.in_proj_b(x, jnp.float32)[:, 0],
+        mixed,
+        a,
+        b,
         layer.conv1d.weight[...],
         layer.A_log[...],
         layer.dt_bias[...],
