@@ -22,6 +22,8 @@ def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: 
     parser.add_argument("--max-batch", type=int, default=max_batch, help="concurrent requests (state slots)")
     parser.add_argument("--max-model-len", type=int, default=max_model_len, help="prompt + output tokens")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many devices")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of free device memory for state slots + KV pages (after the weights)")
     parser.add_argument("--decode-steps", type=int, default=1,
                         help="decode steps per device call when no prompt waits (hides the host round trip)")
 
@@ -98,7 +100,8 @@ def _llm(args: argparse.Namespace, warmup: bool):
     from hybrid_jax.engine.llm import LLM
 
     return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
-               warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps)
+               warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
+               memory_utilization=args.gpu_memory_utilization)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -150,6 +153,7 @@ def _serve(args: argparse.Namespace) -> None:
                         max_batch=args.max_batch, max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                         max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
                         default_chat_template_kwargs=args.default_chat_template_kwargs)
     serve(settings, args.host, args.port, args.threads)
 

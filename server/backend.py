@@ -29,6 +29,7 @@ def default_llm(settings: Settings):
     return LLM(settings.model_path, settings.dtype, max_batch=settings.max_batch,
                max_model_len=settings.max_model_len, prefill_chunk=settings.prefill_chunk,
                max_waiting=settings.max_waiting, tensor_parallel_size=settings.tensor_parallel_size,
+               memory_utilization=settings.gpu_memory_utilization,
                decode_steps=settings.decode_steps)
 
 

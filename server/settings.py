@@ -19,6 +19,7 @@ class Settings:
     max_model_len: int = 4096
     prefill_chunk: int = 256
     tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
     decode_steps: int = 1
     max_waiting: int = 4096
     api_key: str | None = None
@@ -51,6 +52,8 @@ def _parse(name: str, raw: str, kind: str) -> Any:
     try:
         if kind == "int":
             return int(raw)
+        if kind == "float":
+            return float(raw)
         if kind.startswith("dict"):
             value = json.loads(raw)
             if not isinstance(value, dict):
