@@ -101,7 +101,6 @@ class Request:
     num_prefilled: int = 0
     cancelled: bool = False
     finished: bool = False
-    arrival: float = field(default_factory=time.monotonic)
 
     @property
     def total_len(self) -> int:
@@ -165,7 +164,6 @@ class Engine:
         self._seeds = np.random.default_rng()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
 
     def _run(self, step, weights, pools, batch, **kw):
