@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,7 +21,6 @@ from hybrid_jax.loader import load_pretrained, random_model
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
 
-log = logging.getLogger("hybrid_jax")
 DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
 SCORE_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SCORE_LOGIT_CHUNK = 256  # positions whose logits are materialised at once when scoring
@@ -59,7 +57,8 @@ class LLM:
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         self.engine = Engine(self.model, engine_config, eos_token_ids=eos, valid_vocab=valid_vocab)
         self.engine.start(warmup=warmup)
-        self._score_fn = None
+        graphdef, self._score_weights = nnx.split(self.model)
+        self._score_fn = jax.jit(partial(_token_logprobs, graphdef))  # compiles per (batch, length) on first use
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -96,10 +95,6 @@ class LLM:
         ids = prompt_token_ids or [self.tokenizer.encode(t) for t in texts or []]
         if any(len(x) < 1 for x in ids):
             raise ValueError("texts: every text must have at least one token")
-        if self._score_fn is None:
-            graphdef, weights = nnx.split(self.model)
-            self._score_fn = jax.jit(partial(_token_logprobs, graphdef), static_argnames=())
-            self._score_weights = weights
         results: list[ScoreOutput | None] = [None] * len(ids)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
         for start in range(0, len(order), batch_size):
