@@ -41,6 +41,7 @@ from hybrid_jax.engine.steps import (
     multi_decode_step,
     prefill_step,
 )
+from hybrid_jax.layers.linear import few_row_kernel
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
 
@@ -149,7 +150,11 @@ class Engine:
         self.pools = allocate_pools(shapes, self._pool_shardings)
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
-        self._graphdef, self._weights = nnx.split(model)
+        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, while an
+        # nnx.State goes through Python per node (measured ~10 us per weight per call: 4.6 ms at 0.8B).
+        self._graphdef, weights = nnx.split(model)
+        leaves, self._weights_def = jax.tree.flatten(weights)
+        self._weights = tuple(leaves)
         step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
@@ -166,8 +171,10 @@ class Engine:
         self._stop = threading.Event()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
 
-    def _run(self, step, weights, pools, batch, **kw):
-        sampled, pools = step(nnx.merge(self._graphdef, weights), pools, batch, **kw)
+    def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
+        model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
+        with few_row_kernel(self.mesh is None):  # GSPMD cannot split a Pallas call: XLA's dots under a mesh
+            sampled, pools = step(model, pools, batch, **kw)
         if self._pool_shardings is not None:  # keep the donated pools' layout step after step
             pools = jax.lax.with_sharding_constraint(pools, self._pool_shardings)
         return sampled, pools
@@ -329,6 +336,12 @@ class Engine:
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
     def _step_decode(self, requests: list[Request], size: int, multi: bool = False):
+        step = self._decode_multi if multi else self._decode
+        sampled, self.pools = step(self._weights, self.pools, self.decode_batch(requests, size))
+        return sampled
+
+    def decode_batch(self, requests: list[Request], size: int) -> DecodeBatch:
+        """The decode step's host-side inputs for ``requests`` padded to ``size`` rows."""
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
@@ -340,10 +353,7 @@ class Engine:
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
         rows, want_top = self._sampling_rows(requests, size)
-        batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
-        step = self._decode_multi if multi else self._decode
-        sampled, self.pools = step(self._weights, self.pools, batch)
-        return sampled
+        return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
 
     def _run_decode(self) -> None:
         requests = list(self._decoding)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import Qwen35Config
-from hybrid_jax.layers.linear import Linear
+from hybrid_jax.layers.linear import Linear, project
 from hybrid_jax.layers.norm import RMSNorm
 from hybrid_jax.layers.rope import apply_rope, rope_cos_sin
 from hybrid_jax.ops.attention import dense_causal_attention
@@ -30,10 +30,11 @@ class GatedAttention(nnx.Module):
     def project(self, x: jax.Array, positions: jax.Array):
         """x [..., T, D], positions [..., T] -> q [..., T, Hq, hd], k, v [..., T, Hkv, hd], gate [..., T, Hq, hd]."""
         lead = x.shape[:-1]
-        qg = self.q_proj(x).reshape(*lead, self.num_heads, 2 * self.head_dim)
+        qg, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        qg = qg.reshape(*lead, self.num_heads, 2 * self.head_dim)
         q, gate = qg[..., : self.head_dim], qg[..., self.head_dim:]
-        k = self.k_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(*lead, self.num_kv_heads, self.head_dim)
+        k = k.reshape(*lead, self.num_kv_heads, self.head_dim)
+        v = v.reshape(*lead, self.num_kv_heads, self.head_dim)
         cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta, x.dtype)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import Qwen35Config
-from hybrid_jax.layers.linear import Linear
+from hybrid_jax.layers.linear import Linear, project
 from hybrid_jax.layers.norm import GatedRMSNorm
 from hybrid_jax.ops import gated_delta
 
@@ -60,8 +60,8 @@ class GatedDeltaNet(nnx.Module):
 
     def in_projections(self, x: jax.Array):
         """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] logits, all fp32."""
-        z = self.in_proj_z(x, F32).reshape(*x.shape[:-1], self.num_v_heads, self.v_dim)
-        return self.in_proj_qkv(x, F32), z, self.in_proj_b(x, F32), self.in_proj_a(x, F32)
+        mixed, z, b, a = project(x, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a), F32)
+        return mixed, z.reshape(*x.shape[:-1], self.num_v_heads, self.v_dim), b, a
 
     def heads(self, conv_out: jax.Array):
         """conv_out [..., C] fp32 (before SiLU) -> q, k [..., Hk, dk] normalised (q scaled), v [..., Hv, dv] fp32."""

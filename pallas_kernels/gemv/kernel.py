@@ -1,0 +1,108 @@
+"""Pallas kernel for a few rows times one or more weight matrices (the decode step's projections), split over K.
+
+Same signature and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton lowering.
+
+At decode, x has 1-64 rows and the time is that of streaming the weights from HBM once. XLA rewrites such
+dots into reductions (the vector-matrix product becomes a multiply and a reduce, sometimes with the f32
+product written out in between) that reach 0.3-1.4 TB/s at 0.8B shapes on the H200, and issues one
+launch per projection. Here one launch serves all the projections that read the same x (q/k/v/gate,
+gate/up, GDN's qkv/z/b/a): the grid's first axis runs over every weight's column blocks in turn. A
+program owns a [K / splits, block_n] slab of one weight, walks it in [block_k, block_n] tiles (contiguous
+along N, so loads coalesce) with Triton's software pipeline keeping several tiles in flight, and
+multiplies each by the rows on the tensor cores (rows padded to a power of two >= 16, free beside the
+weight traffic).
+When the column blocks alone give too few programs to fill the GPU, K is split too: each split writes an
+fp32 partial and XLA sums the few partials (fused into the consumer).
+
+Why the Triton lowering: the loop is one load and one small dot per tile; Triton's pipelining of the
+loads is what a bandwidth-bound GEMV needs, with no warp specialisation to write by hand.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+F32 = jnp.float32
+MIN_ROWS = 16  # tensor-core dot tiles need 16 rows (and Triton power-of-two shapes)
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two <= cap dividing n."""
+    b = 1
+    while b * 2 <= cap and n % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
+         target_programs: int) -> tuple[int, tuple[int, ...], int]:
+    """(block_k, block_n per weight, splits): power-of-two tiles dividing K and each N, and the K-splits that
+    bring the grid nearest ``target_programs`` from below (at least 1)."""
+    bk = _pow2_divisor(k, block_k)
+    bns = tuple(_pow2_divisor(n, block_n) for n in widths)
+    col_blocks = sum(n // bn for n, bn in zip(widths, bns, strict=True))
+    k_blocks = k // bk
+    splits = max([s for s in range(1, k_blocks + 1) if k_blocks % s == 0 and col_blocks * s <= target_programs],
+                 default=1)
+    return bk, bns, splits
+
+
+def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
+    # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
+    num = len(block_ns)
+    w_refs, o_refs = refs[:num], refs[num:]
+    j, s = pl.program_id(0), pl.program_id(1)
+    k0 = s * k_per_split
+    first = 0
+    for w_ref, o_ref, bn in zip(w_refs, o_refs, block_ns, strict=True):
+        blocks = w_ref.shape[1] // bn
+
+        @pl.when((j >= first) & (j < first + blocks))
+        def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
+            cols = pl.ds((j - first) * bn, bn)
+
+            def body(i, acc):
+                rows = pl.ds(k0 + i * block_k, block_k)
+                return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)  # [Mp, bn]
+
+            acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], bn), F32))
+            o_ref[s, :, cols] = acc.astype(o_ref.dtype)
+
+        first += blocks
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_k", "block_n", "target_programs", "num_warps",
+                                             "num_stages", "interpret"))
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_k: int = 128, block_n: int = 128,
+         target_programs: int = 264, num_warps: int = 4, num_stages: int = 4,
+         interpret: bool = False) -> tuple[jax.Array, ...]:
+    """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
+    ``out_dtype`` (default: the weights' dtype).
+
+    block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
+    K-splits aim at (~2 waves of the H200's 132 SMs).
+    """
+    m, k = x.shape
+    widths = tuple(w.shape[1] for w in weights)
+    dtype = weights[0].dtype
+    out_dtype = jnp.dtype(out_dtype or dtype)
+    block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
+    padded = max(MIN_ROWS, 1 << (m - 1).bit_length())
+    xp = jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0)))
+    partial_dtype = out_dtype if splits == 1 else F32
+    kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits)
+    col_blocks = sum(n // bn for n, bn in zip(widths, block_ns, strict=True))
+    partials = pl.pallas_call(
+        kernel,
+        out_shape=tuple(jax.ShapeDtypeStruct((splits, padded, n), partial_dtype) for n in widths),
+        grid=(col_blocks, splits),
+        in_specs=[pl.no_block_spec] * (1 + len(weights)),
+        out_specs=(pl.no_block_spec,) * len(weights),
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        name="gemv",
+    )(xp, *weights)  # ([splits, Mp, N_i], ...)
+    return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)

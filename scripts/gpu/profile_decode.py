@@ -1,0 +1,87 @@
+"""Where a decode step's time goes: host dispatch vs device time, and the device kernels ranked by time.
+
+    python scripts/gpu/profile_decode.py --size 0.8b [--batch 1] [--decode-steps 1]
+
+Builds the engine's decode step at a size's real shapes (random bf16 weights), then measures one call three
+ways (synchronous, pipelined back to back, the Python dispatch alone) and traces a few calls with
+jax.profiler. The trace's device events are summed per kernel name and printed as a table; JSON beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.profiling import trace_kernels
+
+
+def timed(fn, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="0.8b")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--decode-steps", type=int, default=1)
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--hlo-out", default=None, help="write the step's optimised HLO here")
+    args = parser.parse_args()
+    model = hybrid_jax.random_model(args.size, "bfloat16")
+    config = EngineConfig(max_batch=args.batch, max_model_len=2048, num_pages=args.batch * 128 + 1,
+                          decode_steps=args.decode_steps)
+    engine = Engine(model, config, valid_vocab=248_077)
+    multi = args.decode_steps > 1
+    leaves = len(jax.tree.leaves(engine._weights)), len(jax.tree.leaves(engine.pools))
+
+    def call():
+        return engine._step_decode([], args.batch, multi)
+
+    jax.block_until_ready(call())  # compile
+    if args.hlo_out:
+        step = engine._decode_multi if multi else engine._decode
+        batch = engine.decode_batch([], args.batch)
+        with open(args.hlo_out, "w") as f:
+            f.write(step.lower(engine._weights, engine.pools, batch).compile().as_text())
+    sync = timed(lambda: jax.block_until_ready(call()), 30)
+    start = time.perf_counter()
+    for _ in range(30):
+        call()
+    jax.block_until_ready(engine.pools)
+    pipelined = (time.perf_counter() - start) / 30
+
+    def dispatch_alone() -> float:  # time for a call to return with the device idle
+        jax.block_until_ready(engine.pools)
+        start = time.perf_counter()
+        out = call()
+        seconds = time.perf_counter() - start
+        jax.block_until_ready(out)
+        return seconds
+
+    dispatch = sorted(dispatch_alone() for _ in range(15))[7]
+    kernels = trace_kernels(lambda: jax.block_until_ready(call()))
+    busy = sum(k["us"] for k in kernels)
+    summary = {"size": args.size, "batch": args.batch, "decode_steps": args.decode_steps,
+               "weight_leaves": leaves[0], "pool_leaves": leaves[1], "sync_ms": 1e3 * sync,
+               "pipelined_ms": 1e3 * pipelined, "dispatch_ms": 1e3 * dispatch, "device_busy_ms": busy / 1e3,
+               "kernels_per_call": sum(k["count"] for k in kernels), "device": str(jax.devices()[0])}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"summary": summary, "kernels": kernels}, f, indent=1)
+    print(f"{'us/call':>9} {'n/call':>7}  kernel")
+    for k in kernels[: args.top]:
+        print(f"{k['us']:9.1f} {k['count']:7.1f}  {k['name'][:110]}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The few-row matmul kernel against its reference: interpret mode on CPU, compiled when a GPU is present.
+
+Random bf16 inputs; row counts 1, 5, 16, 33 (padding to the 16/64-row tile); one weight and several of
+different widths sharing x; K-splits and column blocks that do and do not fill the grid. Tolerance: fp32
+accumulation in both, only the summation order differs (rtol 1e-5, atol 1e-5 x the largest output); the
+bf16 output case within one bf16 ulp.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.gemv import MAX_ROWS, gemv
+from pallas_kernels.gemv.kernel import plan
+
+ON_GPU = jax.default_backend() == "gpu"
+IMPL = "kernel" if ON_GPU else "interpret"
+
+
+def _inputs(seed, rows, k, widths):
+    keys = jax.random.split(jax.random.key(seed), 1 + len(widths))
+    x = jax.random.normal(keys[0], (rows, k), jnp.bfloat16)
+    weights = tuple(jax.random.normal(kw, (k, n), jnp.bfloat16) * k**-0.5
+                    for kw, n in zip(keys[1:], widths, strict=True))
+    return x, weights
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+@pytest.mark.parametrize("k, widths, tuning", [
+    (256, (96,), dict(block_k=32, block_n=32, target_programs=12)),  # 3 column blocks x 4 K-splits
+    (192, (64,), dict(block_k=64, block_n=64, target_programs=1)),  # one program, no split
+    (512, (48,), dict(block_k=128, block_n=64, target_programs=8)),  # block_n halves to 16 to divide N
+    (256, (96, 32, 16, 16), dict(block_k=64, block_n=32, target_programs=30)),  # qkv/z/b/a-like: 6 blocks x 4
+])
+def test_matches_reference(rows, k, widths, tuning):
+    x, weights = _inputs(rows * 7 + k, rows, k, widths)
+    got = gemv(x, weights, jnp.float32, impl=IMPL, **tuning)
+    want = gemv(x, weights, jnp.float32, impl="reference")
+    assert len(got) == len(widths)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape == (rows, w.shape[1])
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w))))
+
+
+def test_bf16_output_and_leading_axes():
+    x, weights = _inputs(3, 6, 128, (64,))
+    x = x.reshape(2, 3, 128)
+    (got,) = gemv(x, weights, impl=IMPL, block_k=32, block_n=32, target_programs=16)
+    (want,) = gemv(x, weights, impl="reference")
+    assert got.shape == (2, 3, 64) and got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-7)
+
+
+def test_plan_divides_and_fills():
+    assert plan(3584, (1024,), block_k=128, block_n=128, target_programs=264) == (128, (128,), 28)
+    bk, bns, splits = plan(4096, (12288, 12288), block_k=128, block_n=128, target_programs=264)
+    assert (bk, bns) == (128, (128, 128)) and 2 * 12288 // 128 * splits <= 264 and (4096 // bk) % splits == 0
+    assert plan(1024, (6144, 2048, 16, 16), block_k=128, block_n=128, target_programs=264)[1] == (128, 128, 16, 16)
+
+
+def test_auto_falls_back_beyond_its_shapes():
+    x, weights = _inputs(0, MAX_ROWS + 1, 64, (32,))
+    np.testing.assert_array_equal(gemv(x, weights)[0], gemv(x, weights, impl="reference")[0])
+    with pytest.raises(ValueError, match="rows"):
+        gemv(x, weights, impl="interpret")
+    with pytest.raises(ValueError, match="multiples of 16"):
+        gemv(x[:2, :60], (weights[0][:60],), impl="interpret")
