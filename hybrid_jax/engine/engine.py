@@ -31,7 +31,7 @@ from hybrid_jax.engine.cache import (
     plan_layout,
     pool_shapes,
 )
-from hybrid_jax.engine.sampler import SamplingRows
+from hybrid_jax.engine.sampler import Sampled, SamplingRows
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.engine.steps import (
     DecodeBatch,
@@ -87,6 +87,14 @@ class TokenEvent(NamedTuple):
     top_logprobs: list[tuple[int, float]] | None  # (id, logprob) alternatives when requested
     finish_reason: str | None  # "stop" | "length" | "abort" | "error" on the last event
     time: float
+
+
+class DecodeCall(NamedTuple):
+    """A decode call queued on the device whose samples the host has not read yet."""
+
+    requests: list[Request]  # rows 0.. of the batch
+    variant: tuple[bool, int]  # (greedy_only, steps per call)
+    sampled: Sampled  # device arrays with a leading [steps] axis
 
 
 @dataclass
@@ -158,9 +166,14 @@ class Engine:
         step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
-        self._decode = jax.jit(partial(self._run, decode_step, **step_kw), donate_argnums=1)
-        self._decode_multi = jax.jit(partial(self._run, multi_decode_step, num_steps=config.decode_steps, **step_kw),
-                                     donate_argnums=1)
+        # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
+        self._decode = {(greedy, 1): jax.jit(partial(self._run, decode_step, greedy_only=greedy, **step_kw),
+                                             donate_argnums=1) for greedy in (False, True)}
+        if config.decode_steps > 1:
+            self._decode[True, config.decode_steps] = jax.jit(
+                partial(self._run, multi_decode_step, num_steps=config.decode_steps, greedy_only=True, **step_kw),
+                donate_argnums=1)
+        self._inflight: DecodeCall | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
         self._prefilling: list[Request] = []
@@ -226,11 +239,11 @@ class Engine:
     def warmup(self) -> None:
         """Compile every decode and prefill bucket now, on padding batches (null slot and page)."""
         for size in self.config.decode_buckets:
-            for multi in (False, True) if self.config.decode_steps > 1 else (False,):
+            for variant in self._decode:
                 start = time.perf_counter()
-                self._step_decode([], size, multi)
-                log.info("warm-up: decode bucket B=%d (%d steps per call) compiled in %.1f s", size,
-                         self.config.decode_steps if multi else 1, time.perf_counter() - start)
+                jax.block_until_ready(self._launch_decode([], size, variant).sampled)
+                log.info("warm-up: decode bucket B=%d (greedy only: %s, %d steps per call) compiled in %.1f s", size,
+                         *variant, time.perf_counter() - start)
         for size in self.config.prefill_buckets:
             start = time.perf_counter()
             self._step_prefill([], size)
@@ -246,10 +259,11 @@ class Engine:
             try:
                 if self._prefilling:
                     self._run_prefill()
-                if self._decoding:
+                if self._decoding or self._inflight:
                     self._run_decode()
             except Exception as e:  # a failed step ends its requests, never the server
                 log.exception("engine step failed")
+                self._inflight = None
                 for r in self._prefilling + self._decoding:
                     self._finish(r, None, "error", error=e)
 
@@ -317,7 +331,7 @@ class Engine:
             self._finish(r, token, reason)
 
     # -- steps ---------------------------------------------------------------------------------------
-    def _sampling_rows(self, requests: list[Request], size: int) -> tuple[SamplingRows, jax.Array]:
+    def _sampling_rows(self, requests: list[Request], size: int, ahead: int = 0) -> tuple[SamplingRows, jax.Array]:
         cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
                                                                "frequency_penalty", "repetition_penalty")}
         cols["top_p"][:] = 1.0
@@ -331,17 +345,13 @@ class Engine:
                 cols[name][i] = getattr(p, name)
             top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
             seed[i] = r.seed
-            step[i] = len(r.output_ids)
+            step[i] = len(r.output_ids) + ahead
         want_top = any(r.params.logprobs for r in requests)
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
-    def _step_decode(self, requests: list[Request], size: int, multi: bool = False):
-        step = self._decode_multi if multi else self._decode
-        sampled, self.pools = step(self._weights, self.pools, self.decode_batch(requests, size))
-        return sampled
-
-    def decode_batch(self, requests: list[Request], size: int) -> DecodeBatch:
-        """The decode step's host-side inputs for ``requests`` padded to ``size`` rows."""
+    def decode_batch(self, requests: list[Request], size: int, ahead: int = 0) -> DecodeBatch:
+        """The decode step's inputs for ``requests`` padded to ``size`` rows, ``ahead`` tokens past what the host
+        has read (their input tokens then come from the device: see `_run_decode`)."""
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
@@ -349,27 +359,60 @@ class Engine:
         page_tables = np.zeros((size, width), np.int32)
         for i, r in enumerate(requests):
             tokens[i] = r.output_ids[-1]
-            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1
+            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1 + ahead
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
-        rows, want_top = self._sampling_rows(requests, size)
+        rows, want_top = self._sampling_rows(requests, size, ahead)
         return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
 
+    def _launch_decode(self, requests: list[Request], size: int, variant: tuple[bool, int],
+                       after: DecodeCall | None = None) -> DecodeCall:
+        """Queue one decode call; ``after``: the call in flight for the same requests, whose last samples are
+        this call's input tokens (read on the device, so the host does not wait for them)."""
+        batch = self.decode_batch(requests, size, ahead=0 if after is None else after.variant[1])
+        if after is not None:
+            batch = batch._replace(tokens=after.sampled.tokens[-1])
+        sampled, self.pools = self._decode[variant](self._weights, self.pools, batch)
+        if variant[1] == 1:
+            sampled = jax.tree.map(lambda x: x[None], sampled)
+        return DecodeCall(requests, variant, sampled)
+
     def _run_decode(self) -> None:
+        """Queue the next decode call, then hand out the samples of the call before it.
+
+        While the decoding requests stay the same, each call reads its input tokens from the previous call's
+        output on the device and is queued before the host reads that output: the device runs call after
+        call while the host delivers tokens. A call that runs past a request's end (eos, max_tokens, cancel)
+        computes rows the host discards; positions past a request's pages write to the null page.
+        """
+        previous, self._inflight = self._inflight, None
         requests = list(self._decoding)
-        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
+        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, max(len(requests), 1))]
+        greedy = all(r.params.temperature == 0 and not r.params.logprobs for r in requests)
         # Several steps per call only when no request waits for its prefill (it would wait that much longer).
-        multi = self.config.decode_steps > 1 and not (self._waiting or self._prefilling or self._inbox.qsize())
-        sampled = self._step_decode(requests, size, multi)
-        if not multi:
-            self._deliver(requests, sampled)
+        waiting = self._waiting or self._prefilling or self._inbox.qsize()
+        steps = self.config.decode_steps if greedy and self.config.decode_steps > 1 and not waiting else 1
+        variant = (greedy, steps)
+        same = previous is not None and len(previous.requests) == len(requests) > 0 and all(
+            a is b for a, b in zip(previous.requests, requests, strict=True))
+        if same:
+            self._inflight = self._launch_decode(requests, size, variant, after=previous)
+            self._deliver_call(previous)
             return
-        host = jax.tree.map(np.asarray, sampled)
-        for k in range(self.config.decode_steps):
-            live = [(i, r) for i, r in enumerate(requests) if not r.finished]
-            if not live:
-                break
-            self._deliver([r for _, r in live], jax.tree.map(lambda x, k=k: x[k], host), [i for i, _ in live])
+        if previous is not None:
+            self._deliver_call(previous)
+        requests = [r for r in self._decoding if not r.finished]
+        if requests:
+            size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
+            self._inflight = self._launch_decode(requests, size, variant)
+
+    def _deliver_call(self, call: DecodeCall) -> None:
+        want_top = any(r.params.logprobs for r in call.requests)
+        host = Sampled(np.asarray(call.sampled.tokens), np.asarray(call.sampled.logprob),
+                       np.asarray(call.sampled.top_ids) if want_top else None,
+                       np.asarray(call.sampled.top_logprobs) if want_top else None)
+        for k in range(call.variant[1]):
+            self._deliver(call.requests, jax.tree.map(lambda x, k=k: x[k], host))
 
     def _deliver(self, requests: list[Request], sampled, rows: list[int] | None = None) -> None:
         want_top = any(r.params.logprobs for r in requests)
@@ -378,6 +421,8 @@ class Engine:
         top_ids = np.asarray(sampled.top_ids) if want_top else None
         top_lp = np.asarray(sampled.top_logprobs) if want_top else None
         for i, r in zip(range(len(requests)) if rows is None else rows, requests, strict=True):
+            if r.finished:  # a call ran past its end: discard
+                continue
             tops = (top_ids[i], top_lp[i]) if want_top else None
             self._emit(r, int(tokens[i]), logprob[i], tops)
 

@@ -195,8 +195,8 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
 
 
 def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: Kernels, page_size: int,
-                valid_vocab: int) -> tuple[Sampled, dict]:
-    """One token for each row; returns the samples and the new pools."""
+                valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
+    """One token for each row; returns the samples and the new pools. ``greedy_only``: see `sample`."""
     real = batch.slot_ids > 0
     rows = jnp.arange(batch.tokens.shape[0])
     slot_mapping = _slot_mapping(batch.page_tables, rows, batch.positions, real, page_size)
@@ -227,7 +227,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
-                     batch.want_top, valid_vocab)
+                     batch.want_top, valid_vocab, greedy_only=greedy_only)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(1)
     return sampled, {"layers": new_layers, "output_counts": counts, "prompt_mask": pools["prompt_mask"]}
 

@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--size", default="0.8b")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--decode-steps", type=int, default=1)
+    parser.add_argument("--sampling", action="store_true", help="the general variant (random draws, logprobs)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None)
     parser.add_argument("--hlo-out", default=None, help="write the step's optimised HLO here")
@@ -40,18 +41,17 @@ def main() -> None:
     config = EngineConfig(max_batch=args.batch, max_model_len=2048, num_pages=args.batch * 128 + 1,
                           decode_steps=args.decode_steps)
     engine = Engine(model, config, valid_vocab=248_077)
-    multi = args.decode_steps > 1
+    variant = (not args.sampling, args.decode_steps)
     leaves = len(jax.tree.leaves(engine._weights)), len(jax.tree.leaves(engine.pools))
 
     def call():
-        return engine._step_decode([], args.batch, multi)
+        return engine._launch_decode([], args.batch, variant).sampled
 
     jax.block_until_ready(call())  # compile
     if args.hlo_out:
-        step = engine._decode_multi if multi else engine._decode
         batch = engine.decode_batch([], args.batch)
         with open(args.hlo_out, "w") as f:
-            f.write(step.lower(engine._weights, engine.pools, batch).compile().as_text())
+            f.write(engine._decode[variant].lower(engine._weights, engine.pools, batch).compile().as_text())
     sync = timed(lambda: jax.block_until_ready(call()), 30)
     start = time.perf_counter()
     for _ in range(30):
@@ -70,7 +70,7 @@ def main() -> None:
     dispatch = sorted(dispatch_alone() for _ in range(15))[7]
     kernels = trace_kernels(lambda: jax.block_until_ready(call()))
     busy = sum(k["us"] for k in kernels)
-    summary = {"size": args.size, "batch": args.batch, "decode_steps": args.decode_steps,
+    summary = {"size": args.size, "batch": args.batch, "decode_steps": args.decode_steps, "sampling": args.sampling,
                "weight_leaves": leaves[0], "pool_leaves": leaves[1], "sync_ms": 1e3 * sync,
                "pipelined_ms": 1e3 * pipelined, "dispatch_ms": 1e3 * dispatch, "device_busy_ms": busy / 1e3,
                "kernels_per_call": sum(k["count"] for k in kernels), "device": str(jax.devices()[0])}

@@ -104,6 +104,23 @@ def test_multistep_decode_keeps_seeded_samples(model, prompts):
     assert results[0] == results[1]
 
 
+def test_pipelined_calls_across_endings_and_variant_changes(model, prompts, reference):
+    """Calls chained on the device run past requests' ends and switch variant (logprobs, then greedy multi-step)."""
+    engine = make_engine(model, decode_steps=3)
+    try:
+        long = engine.submit(prompts[0], GREEDY)
+        short = engine.submit(prompts[2], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        scored = engine.submit(prompts[3], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=2))
+        assert tokens(short) == reference[2][:4]
+        events = [e for e in scored if e.token_id is not None]
+        assert [e.token_id for e in events] == reference[3][:5]
+        assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0][0] == e.token_id for e in events)
+        assert tokens(long) == reference[0]
+        assert engine.stats()["pages_used"] == 0
+    finally:
+        engine.shutdown()
+
+
 def test_stop_token_ids_eos_and_logprobs(model, prompts, reference):
     engine = Engine(model, EngineConfig(max_batch=2, max_model_len=256, page_size=16),
                     eos_token_ids=(reference[1][4],)).start()
