@@ -395,7 +395,9 @@ class Engine:
         variant = (greedy, steps)
         same = previous is not None and len(previous.requests) == len(requests) > 0 and all(
             a is b for a, b in zip(previous.requests, requests, strict=True))
-        if same:
+        # A request that reaches max_tokens in the previous call leaves the batch: chaining would queue a call
+        # of discarded rows ahead of whatever comes next (a new request's prefill would wait for it).
+        if same and all(len(r.output_ids) + previous.variant[1] < r.params.max_tokens for r in requests):
             self._inflight = self._launch_decode(requests, size, variant, after=previous)
             self._deliver_call(previous)
             return

@@ -121,6 +121,26 @@ def test_pipelined_calls_across_endings_and_variant_changes(model, prompts, refe
         engine.shutdown()
 
 
+def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
+    """Once the call in flight reaches a request's max_tokens, nothing more is queued for it (a later request's
+    prefill would wait behind those discarded rows)."""
+    engine = make_engine(model, decode_steps=3)
+    launched = []
+    launch = engine._launch_decode
+
+    def counting(requests, size, variant, after=None):
+        launched.append(variant[1] if requests else 0)
+        return launch(requests, size, variant, after)
+
+    engine._launch_decode = counting
+    try:
+        assert tokens(engine.submit(prompts[1], GREEDY)) == reference[1]
+        # prefill gives token 1; decode calls of 3 steps give the other 9: exactly 3 calls, none of them discarded
+        assert launched == [3, 3, 3]
+    finally:
+        engine.shutdown()
+
+
 def test_stop_token_ids_eos_and_logprobs(model, prompts, reference):
     engine = Engine(model, EngineConfig(max_batch=2, max_model_len=256, page_size=16),
                     eos_token_ids=(reference[1][4],)).start()

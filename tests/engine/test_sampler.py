@@ -76,3 +76,15 @@ def test_sampled_distribution_matches_probabilities():
 def test_invalid_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_greedy_only_variant_matches_the_general_path():
+    logits = jax.random.normal(jax.random.key(3), (3, 40)) * 3
+    settings = rows(3, temperature=jnp.zeros(3), repetition_penalty=[1.0, 1.3, 1.0], frequency_penalty=[0.0, 0.0, 0.4])
+    counts = jax.random.randint(jax.random.key(4), (3, 40), 0, 3)
+    prompt = jax.random.bernoulli(jax.random.key(5), 0.2, (3, 40))
+    general = sample(logits, settings, counts, prompt, jnp.bool_(False), valid_vocab=37)
+    fast = sample(logits, settings, counts, prompt, jnp.bool_(False), valid_vocab=37, greedy_only=True)
+    np.testing.assert_array_equal(fast.tokens, general.tokens)
+    np.testing.assert_allclose(fast.logprob, general.logprob, rtol=1e-6)
+    assert int(jnp.max(fast.tokens)) < 37

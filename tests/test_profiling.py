@@ -1,0 +1,28 @@
+"""Summing a jax.profiler trace's device kernels (the benchmark scripts' device times)."""
+
+import gzip
+import json
+
+from hybrid_jax.profiling import device_kernels
+
+
+def test_sums_device_stream_events_per_kernel(tmp_path):
+    meta = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #13(Compute)"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 8, "args": {"name": "XLA Ops"}},  # derived line
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+    ]
+    spans = [
+        {"ph": "X", "pid": 1, "tid": 7, "name": "gemv", "ts": 0, "dur": 10.0},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "gemv", "ts": 20, "dur": 14.0},
+        {"ph": "X", "pid": 1, "tid": 7, "name": "fusion_3", "ts": 40, "dur": 2.0},
+        {"ph": "X", "pid": 1, "tid": 8, "name": "gemv", "ts": 0, "dur": 10.0},
+        {"ph": "X", "pid": 2, "tid": 1, "name": "PjitFunction", "ts": 0, "dur": 99.0},
+    ]
+    path = tmp_path / "plugins" / "profile" / "run" / "host.trace.json.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": meta + spans}, f)
+    rows = device_kernels(str(tmp_path), calls=2)
+    assert rows == [{"name": "gemv", "count": 1.0, "us": 12.0}, {"name": "fusion_3", "count": 0.5, "us": 1.0}]
