@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hybrid_jax.compilation_cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -26,6 +27,8 @@ def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: 
                         help="share of free device memory for state slots + KV pages (after the weights)")
     parser.add_argument("--decode-steps", type=int, default=1,
                         help="decode steps per device call when no prompt waits (hides the host round trip)")
+    parser.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE_DIR,
+                        help=f"keep compiled programs here across runs (default {DEFAULT_CACHE_DIR}; '' disables)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,7 +104,7 @@ def _llm(args: argparse.Namespace, warmup: bool):
 
     return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
                warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
-               memory_utilization=args.gpu_memory_utilization)
+               memory_utilization=args.gpu_memory_utilization, compilation_cache_dir=args.compilation_cache_dir or None)
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -154,6 +157,7 @@ def _serve(args: argparse.Namespace) -> None:
                         max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
                         tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
                         gpu_memory_utilization=args.gpu_memory_utilization,
+                        compilation_cache_dir=args.compilation_cache_dir or None,
                         default_chat_template_kwargs=args.default_chat_template_kwargs)
     serve(settings, args.host, args.port, args.threads)
 

@@ -21,6 +21,7 @@ class Settings:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     decode_steps: int = 1
+    compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024

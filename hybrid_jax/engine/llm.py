@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from hybrid_jax.compilation_cache import enable_compilation_cache
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
@@ -49,7 +50,11 @@ class LLM:
     """Generate and score offline. ``LLM()`` runs the embedded tiny random model on the CPU."""
 
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", *, max_batch: int = 64,
-                 max_model_len: int = 4096, seed: int = 0, warmup: bool = True, **engine_options):
+                 max_model_len: int = 4096, seed: int = 0, warmup: bool = True,
+                 compilation_cache_dir: str | None = None, **engine_options):
+        """``compilation_cache_dir``: keep compiled programs there across runs (see `enable_compilation_cache`)."""
+        if compilation_cache_dir:
+            enable_compilation_cache(compilation_cache_dir)
         self.model, self.tokenizer, self.model_name = load_model_and_tokenizer(model, dtype, seed)
         self.config: Qwen35Config = self.model.config
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)

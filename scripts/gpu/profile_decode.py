@@ -1,10 +1,12 @@
 """Where a decode step's time goes: host dispatch vs device time, and the device kernels ranked by time.
 
-    python scripts/gpu/profile_decode.py --size 0.8b [--batch 1] [--decode-steps 1]
+    python scripts/gpu/profile_decode.py --size 0.8b [--batch 1] [--context 1024] [--decode-steps 1]
 
-Builds the engine's decode step at a size's real shapes (random bf16 weights), then measures one call three
-ways (synchronous, pipelined back to back, the Python dispatch alone) and traces a few calls with
-jax.profiler. The trace's device events are summed per kernel name and printed as a table; JSON beside it.
+Builds the engine's decode step at a size's real shapes (random bf16 weights) over `batch` requests, each
+with its own state slot and `context` tokens of KV pages (so state and KV reads are real traffic, not one
+cached null slot), then measures one call three ways (synchronous, back to back, the time for the call
+to return with the device idle) and traces a few calls with jax.profiler. The trace's device events are
+summed per kernel name and printed as a table; JSON beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import time
 import jax
 
 import hybrid_jax
-from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.cache import pages_for
+from hybrid_jax.engine.engine import Engine, EngineConfig, Request
+from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.profiling import trace_kernels
 
 
@@ -31,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.8b")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024, help="tokens already in each request's cache")
     parser.add_argument("--decode-steps", type=int, default=1)
     parser.add_argument("--sampling", action="store_true", help="the general variant (random draws, logprobs)")
     parser.add_argument("--top", type=int, default=30)
@@ -38,18 +43,26 @@ def main() -> None:
     parser.add_argument("--hlo-out", default=None, help="write the step's optimised HLO here")
     args = parser.parse_args()
     model = hybrid_jax.random_model(args.size, "bfloat16")
-    config = EngineConfig(max_batch=args.batch, max_model_len=2048, num_pages=args.batch * 128 + 1,
-                          decode_steps=args.decode_steps)
+    max_len = args.context + 1024
+    config = EngineConfig(max_batch=args.batch, max_model_len=max_len, page_size=16,
+                          num_pages=args.batch * pages_for(max_len, 16) + 1, decode_steps=args.decode_steps)
     engine = Engine(model, config, valid_vocab=248_077)
+    params = SamplingParams(max_tokens=1024, temperature=0 if not args.sampling else 1.0, ignore_eos=True)
+    requests = []
+    for i in range(args.batch):  # decoding requests as the engine holds them: a slot and their pages each
+        r = Request(f"profile-{i}", [1] * args.context, params, seed=i, output_ids=[2])
+        r.slot = engine.slots.allocate(1)[0]
+        r.pages = engine.pages.allocate(pages_for(args.context + 1024, 16))
+        requests.append(r)
     variant = (not args.sampling, args.decode_steps)
     leaves = len(jax.tree.leaves(engine._weights)), len(jax.tree.leaves(engine.pools))
 
     def call():
-        return engine._launch_decode([], args.batch, variant).sampled
+        return engine._launch_decode(requests, args.batch, variant).sampled
 
     jax.block_until_ready(call())  # compile
     if args.hlo_out:
-        batch = engine.decode_batch([], args.batch)
+        batch = engine.decode_batch(requests, args.batch)
         with open(args.hlo_out, "w") as f:
             f.write(engine._decode[variant].lower(engine._weights, engine.pools, batch).compile().as_text())
     sync = timed(lambda: jax.block_until_ready(call()), 30)
@@ -70,7 +83,8 @@ def main() -> None:
     dispatch = sorted(dispatch_alone() for _ in range(15))[7]
     kernels = trace_kernels(lambda: jax.block_until_ready(call()))
     busy = sum(k["us"] for k in kernels)
-    summary = {"size": args.size, "batch": args.batch, "decode_steps": args.decode_steps, "sampling": args.sampling,
+    summary = {"size": args.size, "batch": args.batch, "context": args.context, "decode_steps": args.decode_steps,
+               "sampling": args.sampling,
                "weight_leaves": leaves[0], "pool_leaves": leaves[1], "sync_ms": 1e3 * sync,
                "pipelined_ms": 1e3 * pipelined, "dispatch_ms": 1e3 * dispatch, "device_busy_ms": busy / 1e3,
                "kernels_per_call": sum(k["count"] for k in kernels), "device": str(jax.devices()[0])}

@@ -1,0 +1,24 @@
+"""JAX's persistent compilation cache for the engine's programs: a restart reads them back instead of
+compiling every shape bucket again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+DEFAULT_DIR = "~/.cache/hybrid_jax/xla"
+
+
+def enable_compilation_cache(path: str | Path) -> Path | None:
+    """Keep compiled programs under ``path`` across runs; returns the directory in use (None: none).
+
+    A cache this process already configured (an earlier call, or the caller's own jax settings) is kept:
+    JAX reads the setting once, at its first compile.
+    """
+    if jax.config.jax_compilation_cache_dir:
+        return Path(jax.config.jax_compilation_cache_dir)
+    directory = Path(path).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    return directory
