@@ -10,10 +10,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
@@ -46,6 +48,7 @@ from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
+MAX_COMPILE_THREADS = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does not)
 
 
 class QueueFullError(RuntimeError):
@@ -95,6 +98,7 @@ class DecodeCall(NamedTuple):
     requests: list[Request]  # rows 0.. of the batch
     variant: tuple[bool, int]  # (greedy_only, steps per call)
     sampled: Sampled  # device arrays with a leading [steps] axis
+    last_tokens: jax.Array  # [B] the last step's tokens, on the device
 
 
 @dataclass
@@ -167,12 +171,12 @@ class Engine:
                        valid_vocab=self.valid_vocab)
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
-        self._decode = {(greedy, 1): jax.jit(partial(self._run, decode_step, greedy_only=greedy, **step_kw),
-                                             donate_argnums=1) for greedy in (False, True)}
+        self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
+                                                     **step_kw), donate_argnums=1) for greedy in (False, True)}
         if config.decode_steps > 1:
             self._decode[True, config.decode_steps] = jax.jit(
-                partial(self._run, multi_decode_step, num_steps=config.decode_steps, greedy_only=True, **step_kw),
-                donate_argnums=1)
+                partial(self._run_decode_step, multi_decode_step, num_steps=config.decode_steps, greedy_only=True,
+                        **step_kw), donate_argnums=1)
         self._inflight: DecodeCall | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
@@ -183,6 +187,14 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+
+    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
+        """A decode step whose samples carry a leading [steps] axis, plus the last step's tokens [B] (the next
+        call's input), both shaped on the device: no host-side array op between chained calls."""
+        sampled, pools = self._run(step, weights, pools, batch, **kw)
+        if sampled.tokens.ndim == 1:
+            sampled = jax.tree.map(lambda x: x[None], sampled)
+        return sampled, sampled.tokens[-1], pools
 
     def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
@@ -237,17 +249,30 @@ class Engine:
                 "slots_used": self.slots.num_used, "slots_total": self.slots.capacity, **self.counters}
 
     def warmup(self) -> None:
-        """Compile every decode and prefill bucket now, on padding batches (null slot and page)."""
-        for size in self.config.decode_buckets:
-            for variant in self._decode:
-                start = time.perf_counter()
-                jax.block_until_ready(self._launch_decode([], size, variant).sampled)
-                log.info("warm-up: decode bucket B=%d (greedy only: %s, %d steps per call) compiled in %.1f s", size,
-                         *variant, time.perf_counter() - start)
-        for size in self.config.prefill_buckets:
+        """Compile every decode and prefill program now, several at a time, then run each once on a padding
+        batch (null slot and page): nothing compiles while serving."""
+        programs = [(f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", self._decode[greedy, steps],
+                     self.decode_batch([], size))
+                    for size in self.config.decode_buckets for greedy, steps in self._decode]
+        programs += [(f"prefill T={size}", self._prefill, self.prefill_batch([], size))
+                     for size in self.config.prefill_buckets]
+
+        def compile_program(program) -> tuple[str, float]:
+            name, step, batch = program
             start = time.perf_counter()
-            self._step_prefill([], size)
-            log.info("warm-up: prefill bucket T=%d compiled in %.1f s", size, time.perf_counter() - start)
+            step.lower(self._weights, self.pools, batch).compile()  # fills jit's cache for these shapes
+            return name, time.perf_counter() - start
+
+        start = time.perf_counter()
+        workers = max(1, min(len(programs), os.cpu_count() or 1, MAX_COMPILE_THREADS))
+        with ThreadPoolExecutor(workers, thread_name_prefix="hybrid-jax-compile") as pool:
+            for name, seconds in pool.map(compile_program, programs):
+                log.info("warm-up: %s compiled in %.1f s", name, seconds)
+        log.info("warm-up: %d programs compiled in %.1f s, %d at a time", len(programs), time.perf_counter() - start,
+                 workers)
+        for _, step, batch in programs:
+            *_, self.pools = step(self._weights, self.pools, batch)
+        jax.block_until_ready(self.pools)
 
     # -- the engine thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -371,11 +396,9 @@ class Engine:
         this call's input tokens (read on the device, so the host does not wait for them)."""
         batch = self.decode_batch(requests, size, ahead=0 if after is None else after.variant[1])
         if after is not None:
-            batch = batch._replace(tokens=after.sampled.tokens[-1])
-        sampled, self.pools = self._decode[variant](self._weights, self.pools, batch)
-        if variant[1] == 1:
-            sampled = jax.tree.map(lambda x: x[None], sampled)
-        return DecodeCall(requests, variant, sampled)
+            batch = batch._replace(tokens=after.last_tokens)
+        sampled, last_tokens, self.pools = self._decode[variant](self._weights, self.pools, batch)
+        return DecodeCall(requests, variant, sampled, last_tokens)
 
     def _run_decode(self) -> None:
         """Queue the next decode call, then hand out the samples of the call before it.
@@ -428,7 +451,8 @@ class Engine:
             tops = (top_ids[i], top_lp[i]) if want_top else None
             self._emit(r, int(tokens[i]), logprob[i], tops)
 
-    def _step_prefill(self, chunks: list[tuple[Request, int]], size: int):
+    def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> PrefillBatch:
+        """The prefill step's inputs: ``n`` more prompt tokens of each (request, n), packed and padded to ``size``."""
         num_seqs = self.config.max_prefill_seqs
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
@@ -457,10 +481,8 @@ class Engine:
             is_last[s] = start + n == len(r.prompt_ids)
         cu[len(chunks) + 1:] = offset
         rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
-        batch = PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
-                             is_first, is_last, rows, want_top)
-        sampled, self.pools = self._prefill(self._weights, self.pools, batch)
-        return sampled
+        return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
+                            is_first, is_last, rows, want_top)
 
     def _run_prefill(self) -> None:
         budget = self.config.prefill_chunk
@@ -473,7 +495,7 @@ class Engine:
             budget -= n
         total = sum(n for _, n in chunks)
         size = self.config.prefill_buckets[bisect.bisect_left(self.config.prefill_buckets, total)]
-        sampled = self._step_prefill(chunks, size)
+        sampled, self.pools = self._prefill(self._weights, self.pools, self.prefill_batch(chunks, size))
         done, rows = [], []
         for s, (r, n) in enumerate(chunks):
             r.num_prefilled += n

@@ -1,8 +1,10 @@
 """The engine against the plain model: greedy equality, chunked prefill, mid-flight arrivals, cancellation, leaks."""
 
+import logging
 import threading
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -137,6 +139,21 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
         assert tokens(engine.submit(prompts[1], GREEDY)) == reference[1]
         # prefill gives token 1; decode calls of 3 steps give the other 9: exactly 3 calls, none of them discarded
         assert launched == [3, 3, 3]
+    finally:
+        engine.shutdown()
+
+
+def test_nothing_compiles_while_serving(model, prompts, caplog):
+    """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs."""
+    engine = make_engine(model, decode_steps=3)
+    try:
+        with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+            handles = [engine.submit(prompts[1], GREEDY), engine.submit(prompts[5], GREEDY),
+                       engine.submit(prompts[3], SamplingParams(max_tokens=6, temperature=0.8, top_p=0.9, seed=1)),
+                       engine.submit(prompts[0], SamplingParams(max_tokens=4, temperature=0, logprobs=2))]
+            for h in handles:
+                assert tokens(h)
+        assert not [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
     finally:
         engine.shutdown()
 
