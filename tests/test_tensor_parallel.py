@@ -1,5 +1,7 @@
 """Tensor parallelism on fake CPU devices: logits and greedy continuations equal to tp=1."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,3 +69,17 @@ def test_heads_that_do_not_divide_are_rejected(field, value, tp):
     model = hybrid_jax.random_model(config, "float32")
     with pytest.raises(ValueError, match=rf"{field}={value}.*tensor_parallel_size={tp}"):
         shard_model(model, make_mesh(tp))
+
+
+def test_nothing_compiles_while_serving_sharded(caplog):
+    engine = Engine(perturbed_model(), EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32,
+                                                    tensor_parallel_size=2, decode_steps=3)).start()
+    prompts = [IDS[0, :40].tolist(), IDS[1, :7].tolist()]
+    try:
+        with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+            handles = [engine.submit(prompts[0], SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)),
+                       engine.submit(prompts[1], SamplingParams(max_tokens=5, temperature=0.7, seed=3))]
+            assert all([e.token_id for e in h] for h in handles)
+        assert not [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    finally:
+        engine.shutdown()
