@@ -162,8 +162,8 @@ class Engine:
         self.pools = allocate_pools(shapes, self._pool_shardings)
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
-        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, while an
-        # nnx.State goes through Python per node (measured ~10 us per weight per call: 4.6 ms at 0.8B).
+        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
+        # in Python node by node (on the H200 the tuple took 1.1 ms off each 0.8B decode call: 320 weights).
         self._graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
         self._weights = tuple(leaves)
