@@ -26,16 +26,19 @@ def run(engine: Engine, prompts: list[list[int]], output_len: int) -> dict:
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.monotonic()
     handles = [engine.submit(p, params) for p in prompts]
-    ttft, tpot, total = [], [], 0
+    ttft, tpot, total, errors = [], [], 0, 0
     for h in handles:
-        times = [e.time for e in h if e.token_id is not None]
+        events = list(h)
+        errors += events[-1].finish_reason not in ("length", "stop")
+        times = [e.time for e in events if e.token_id is not None]
         ttft.append(times[0] - start)
         if len(times) > 1:  # as vllm bench serve: (latency - ttft) / (output tokens - 1)
             tpot.append((times[-1] - times[0]) / (len(times) - 1))
         total += len(times)
     wall = time.monotonic() - start
     return {"ttft_ms": 1e3 * statistics.median(ttft), "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None,
-            "tpot_p99_ms": 1e3 * float(np.percentile(tpot, 99)) if tpot else None, "output_tok_s": total / wall}
+            "tpot_p99_ms": 1e3 * float(np.percentile(tpot, 99)) if tpot else None, "output_tok_s": total / wall,
+            "requests": len(handles), "errors": errors}
 
 
 def main() -> None:
@@ -72,12 +75,12 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(meta)
-    print(f"{'size':6} {'tp':>3} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10}")
+    print(f"{'size':6} {'tp':>3} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10} {'errors':>7}")
     for r in rows:
         tpot = f"{r['tpot_ms']:.2f}" if r["tpot_ms"] else "-"
         p99 = f"{r['tpot_p99_ms']:.2f}" if r["tpot_p99_ms"] else "-"
         print(f"{r['size']:6} {r['tp']:3d} {r['concurrency']:4d} {r['ttft_ms']:9.1f} {tpot:>9} {p99:>9} "
-              f"{r['output_tok_s']:10.1f}")
+              f"{r['output_tok_s']:10.1f} {r['errors']:7d}")
 
 
 if __name__ == "__main__":
