@@ -25,8 +25,9 @@ def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: 
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many devices")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of free device memory for state slots + KV pages (after the weights)")
-    parser.add_argument("--decode-steps", type=int, default=1,
-                        help="decode steps per device call when no prompt waits (hides the host round trip)")
+    parser.add_argument("--decode-steps", type=int, default=4,
+                        help="greedy decode steps per device call when no prompt waits (amortises the per-call host "
+                             "cost; 1: every token its own call)")
     parser.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE_DIR,
                         help=f"keep compiled programs here across runs (default {DEFAULT_CACHE_DIR}; '' disables)")
 

@@ -20,7 +20,7 @@ class Settings:
     prefill_chunk: int = 256
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
-    decode_steps: int = 1
+    decode_steps: int = 4  # greedy decode steps per device call when no prompt waits
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     max_waiting: int = 4096
     api_key: str | None = None
