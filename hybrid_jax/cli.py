@@ -103,9 +103,13 @@ def _write_jsonl(path: str, rows: Iterator[dict[str, Any]]) -> None:
 def _llm(args: argparse.Namespace, warmup: bool):
     from hybrid_jax.engine.llm import LLM
 
-    return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
-               warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
-               memory_utilization=args.gpu_memory_utilization, compilation_cache_dir=args.compilation_cache_dir or None)
+    try:
+        return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
+                   warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
+                   memory_utilization=args.gpu_memory_utilization,
+                   compilation_cache_dir=args.compilation_cache_dir or None)
+    except ValueError as e:  # bad flags or a malformed checkpoint: the message names the field or file
+        raise SystemExit(f"hybrid-jax: {e}") from e
 
 
 def _generate(args: argparse.Namespace) -> None:

@@ -19,6 +19,9 @@ def enable_compilation_cache(path: str | Path) -> Path | None:
     if jax.config.jax_compilation_cache_dir:
         return Path(jax.config.jax_compilation_cache_dir)
     directory = Path(path).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"compilation_cache_dir: cannot create {directory}: {e}") from e
     jax.config.update("jax_compilation_cache_dir", str(directory))
     return directory

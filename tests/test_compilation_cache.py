@@ -20,3 +20,12 @@ def test_cache_dir_is_set_once_and_filled(tmp_path):
                          check=True, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
     assert out.stdout.split() == [str(first), str(first)]
     assert any(first.iterdir()) and not second.exists()
+
+
+def test_unusable_cache_dir_names_the_setting(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    script = "from hybrid_jax.compilation_cache import enable_compilation_cache as e; e(__import__('sys').argv[1])"
+    out = subprocess.run([sys.executable, "-c", script, str(blocker / "xla")], capture_output=True, text=True,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0 and "ValueError: compilation_cache_dir: cannot create" in out.stderr

@@ -100,6 +100,10 @@ class DecodeCall(NamedTuple):
     sampled: Sampled  # device arrays with a leading [steps] axis
     last_tokens: jax.Array  # [B] the last step's tokens, on the device
 
+    @property
+    def steps(self) -> int:
+        return self.variant[1]
+
 
 @dataclass
 class Request:
@@ -390,11 +394,13 @@ class Engine:
         rows, want_top = self._sampling_rows(requests, size, ahead)
         return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
 
-    def _launch_decode(self, requests: list[Request], size: int, variant: tuple[bool, int],
+    def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
                        after: DecodeCall | None = None) -> DecodeCall:
-        """Queue one decode call; ``after``: the call in flight for the same requests, whose last samples are
-        this call's input tokens (read on the device, so the host does not wait for them)."""
-        batch = self.decode_batch(requests, size, ahead=0 if after is None else after.variant[1])
+        """Queue one decode call over ``requests`` (padded to their batch bucket); ``after``: the call in flight
+        for the same requests, whose last samples are this call's input tokens (read on the device, so the host
+        does not wait for them)."""
+        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
+        batch = self.decode_batch(requests, size, ahead=0 if after is None else after.steps)
         if after is not None:
             batch = batch._replace(tokens=after.last_tokens)
         sampled, last_tokens, self.pools = self._decode[variant](self._weights, self.pools, batch)
@@ -410,7 +416,6 @@ class Engine:
         """
         previous, self._inflight = self._inflight, None
         requests = list(self._decoding)
-        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, max(len(requests), 1))]
         greedy = all(r.params.temperature == 0 and not r.params.logprobs for r in requests)
         # Several steps per call only when no request waits for its prefill (it would wait that much longer).
         waiting = self._waiting or self._prefilling or self._inbox.qsize()
@@ -420,23 +425,22 @@ class Engine:
             a is b for a, b in zip(previous.requests, requests, strict=True))
         # A request that reaches max_tokens in the previous call leaves the batch: chaining would queue a call
         # of discarded rows ahead of whatever comes next (a new request's prefill would wait for it).
-        if same and all(len(r.output_ids) + previous.variant[1] < r.params.max_tokens for r in requests):
-            self._inflight = self._launch_decode(requests, size, variant, after=previous)
+        if same and all(len(r.output_ids) + previous.steps < r.params.max_tokens for r in requests):
+            self._inflight = self._launch_decode(requests, variant, after=previous)
             self._deliver_call(previous)
             return
         if previous is not None:
             self._deliver_call(previous)
         requests = [r for r in self._decoding if not r.finished]
         if requests:
-            size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-            self._inflight = self._launch_decode(requests, size, variant)
+            self._inflight = self._launch_decode(requests, variant)
 
     def _deliver_call(self, call: DecodeCall) -> None:
         want_top = any(r.params.logprobs for r in call.requests)
         host = Sampled(np.asarray(call.sampled.tokens), np.asarray(call.sampled.logprob),
                        np.asarray(call.sampled.top_ids) if want_top else None,
                        np.asarray(call.sampled.top_logprobs) if want_top else None)
-        for k in range(call.variant[1]):
+        for k in range(call.steps):
             self._deliver(call.requests, jax.tree.map(lambda x, k=k: x[k], host))
 
     def _deliver(self, requests: list[Request], sampled, rows: list[int] | None = None) -> None:

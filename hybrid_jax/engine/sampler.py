@@ -74,7 +74,7 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
     is greedy and none wants top logprobs, so the step has no data-dependent branch. Each such branch
     (lax.cond) makes the host wait for the device mid-call, which stops the next call from being queued
-    behind this one (0.8B decode step on the H200: 2.7 ms per call with the branches, 1.7 ms without).
+    behind this one (0.8B decode step on the H200, calls back to back: 3.3 ms with the branches, 1.7 without).
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab
@@ -86,7 +86,8 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     if greedy_only:
         tokens = greedy_ids.astype(jnp.int32)
         logprob = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
-        return Sampled(tokens, logprob, no_top[1], no_top[0])
+        top_logprobs, top_ids = no_top
+        return Sampled(tokens, logprob, top_ids, top_logprobs)
 
     def draw(_):
         # The full-vocabulary sort behind top-k/top-p/min-p runs only when some row asks for a filter.

@@ -8,10 +8,10 @@ import contextvars
 from collections.abc import Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from pallas_kernels.gemv import gemv
+from pallas_kernels.gemv.reference import gemv as xla_gemv
 
 _FEW_ROW_KERNEL = contextvars.ContextVar("few_row_kernel", default=False)
 
@@ -40,10 +40,5 @@ class Linear(nnx.Module):
 
 def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
     """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation."""
-    if _FEW_ROW_KERNEL.get():
-        return gemv(x, tuple(layer.kernel[...] for layer in layers), out_dtype)
-    outs = []
-    for layer in layers:
-        w = layer.kernel[...]
-        outs.append(jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(out_dtype or w.dtype))
-    return tuple(outs)
+    weights = tuple(layer.kernel[...] for layer in layers)
+    return (gemv if _FEW_ROW_KERNEL.get() else xla_gemv)(x, weights, out_dtype)

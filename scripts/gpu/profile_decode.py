@@ -58,7 +58,7 @@ def main() -> None:
     leaves = len(jax.tree.leaves(engine._weights)), len(jax.tree.leaves(engine.pools))
 
     def call():
-        return engine._launch_decode(requests, args.batch, variant).sampled
+        return engine._launch_decode(requests, variant).sampled
 
     jax.block_until_ready(call())  # compile
     if args.hlo_out:

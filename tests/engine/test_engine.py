@@ -130,9 +130,9 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
     launched = []
     launch = engine._launch_decode
 
-    def counting(requests, size, variant, after=None):
-        launched.append(variant[1] if requests else 0)
-        return launch(requests, size, variant, after)
+    def counting(requests, variant, after=None):
+        launched.append(variant[1])
+        return launch(requests, variant, after)
 
     engine._launch_decode = counting
     try:
