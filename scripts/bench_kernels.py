@@ -6,7 +6,8 @@ Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_de
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
 attention. Shapes are Qwen3.5-9B and -27B's (dk = dv = 128, Hk = 16, Hv = 32 / 48; attention Hq 16 / 24,
 Hkv 4, hd 256). Inputs are random (bf16 q/k/v, fp32 state); speed does not depend on the values.
-JAX code is timed with block_until_ready after warm-up; medians of many runs.
+JAX code is timed with block_until_ready after warm-up; medians of many runs. The decode kernels are timed
+as the engine runs them: calls queued back to back on donated pools, so the time is the device's.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hybrid_jax.profiling import trace_kernels
 from pallas_kernels.gdn_chunk import gdn_chunk
-from pallas_kernels.gdn_decode import gdn_decode
+from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
 from pallas_kernels.paged_attention import paged_decode_attention
 
 HBM_TBPS = 4.3  # measured HBM copy bandwidth of the H200 (shared/gpu/README.md)
@@ -66,7 +68,9 @@ def bench_gdn_chunk(size: str, t: int) -> dict:
     pool = jnp.zeros((2, s["hv"], D, D), jnp.float32)
     cu = jnp.asarray([0, t], jnp.int32)
     slots = jnp.asarray([1], jnp.int32)
-    ours = time_jax(jax.jit(gdn_chunk), q, k, v, g, beta, cu, slots, pool)
+    step = jax.jit(gdn_chunk)
+    ours = time_jax(step, q, k, v, g, beta, cu, slots, pool)
+    kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(step, q, k, v, g, beta, cu, slots, pool)[:4]}
     peer = None
     try:
         import torch
@@ -83,7 +87,22 @@ def bench_gdn_chunk(size: str, t: int) -> dict:
     flops = 4 * t * s["hv"] * D * D * 2  # order of the state and intra-chunk matmuls
     return {"op": "gdn_chunk", "size": size, "shape": f"T={t}", "ours_ms": ours * 1e3,
             "peer": "fla chunk_gated_delta_rule", "peer_ms": None if peer is None else peer * 1e3,
-            "tflops": flops / ours / 1e12}
+            "tflops": flops / ours / 1e12, "device_us": kernels}
+
+
+def time_chained(step, pools: tuple, reps: int = 50) -> float:
+    """Seconds per call of ``step(*pools) -> (out, *pools)`` (pools donated), calls queued back to back so
+    that dispatch hides behind the device; median of 5 rounds."""
+    pools = step(*pools)[1:]
+    jax.block_until_ready(pools)
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(reps):
+            pools = step(*pools)[1:]
+        jax.block_until_ready(pools)
+        rounds.append((time.perf_counter() - start) / reps)
+    return statistics.median(rounds)
 
 
 def bench_gdn_decode(size: str, batch: int) -> dict:
@@ -91,16 +110,7 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
     q, k, v, g, beta = gdn_inputs(batch, s["hk"], s["hv"])
     pool = jax.random.normal(jax.random.PRNGKey(1), (batch + 1, s["hv"], D, D), jnp.float32)
     slots = jnp.arange(1, batch + 1, dtype=jnp.int32)
-    step = jax.jit(gdn_decode, donate_argnums=6)
-    out = step(q, k, v, g, beta, slots, pool)
-    pool = out[1]
-    times = []
-    for _ in range(30):
-        start = time.perf_counter()
-        o, pool = step(q, k, v, g, beta, slots, pool)
-        jax.block_until_ready(pool)
-        times.append(time.perf_counter() - start)
-    ours = statistics.median(times)
+    ours = time_chained(jax.jit(lambda p: gdn_decode(q, k, v, g, beta, slots, p), donate_argnums=0), (pool,))
     state_bytes = 2 * batch * s["hv"] * D * D * 4
     peer = None
     try:
@@ -119,6 +129,31 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
     return {"op": "gdn_decode", "size": size, "shape": f"B={batch}", "ours_ms": ours * 1e3,
             "peer": "fla fused_recurrent", "peer_ms": None if peer is None else peer * 1e3,
             "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
+
+
+def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 64, num_warps: int = 4) -> dict:
+    """The engine's decode kernel (conv shift, norms, gates, state update) from the raw projections."""
+    s = SIZES[size]
+    hk, hv, width = s["hk"], s["hv"], 4
+    channels = 2 * hk * D + hv * D
+    ks = jax.random.split(jax.random.PRNGKey(3), 7)
+    mixed = jax.random.normal(ks[0], (batch, channels), jnp.bfloat16)
+    a, b = (jax.random.normal(key, (batch, hv), jnp.bfloat16) for key in ks[1:3])
+    conv_w = jax.random.normal(ks[3], (width, channels), jnp.bfloat16) * 0.3
+    a_log = jax.random.normal(ks[4], (hv,), jnp.float32)
+    dt_bias = jax.random.normal(ks[5], (hv,), jnp.bfloat16)
+    conv_pool = jax.random.normal(ks[6], (batch + 1, width - 1, channels), jnp.bfloat16)
+    state_pool = jax.random.normal(jax.random.PRNGKey(1), (batch + 1, hv, D, D), jnp.float32)
+    slots = jnp.arange(1, batch + 1, dtype=jnp.int32)
+
+    def step(conv, state):
+        return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, conv, state, num_k_heads=hk,
+                                head_k_dim=D, head_v_dim=D, block_v=block_v, num_warps=num_warps)
+
+    ours = time_chained(jax.jit(step, donate_argnums=(0, 1)), (conv_pool, state_pool))
+    state_bytes = 2 * batch * hv * D * D * 4
+    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v} w={num_warps}",
+            "ours_ms": ours * 1e3, "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
 def bench_paged_decode(size: str, batch: int, context: int, page_size: int = 16) -> dict:
@@ -151,12 +186,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench_kernels.json")
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--decode-sweep", action="store_true",
+                        help="only the fused GDN decode kernel, over its tile width and warp count")
     args = parser.parse_args()
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
-    cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
-    cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
-    cases += [(bench_paged_decode, "9b", b, 4096) for b in (1, 64)]
+    if args.decode_sweep:
+        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
+                 for bv in (32, 64, 128) for w in (4, 8, 16)]
+    else:
+        cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
+        cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
+        cases += [(bench_gdn_decode_fused, size, b) for size in SIZES for b in batches]
+        cases += [(bench_paged_decode, "9b", b, 4096) for b in (1, 64)]
     rows = []
     for fn, *case in cases:
         try:

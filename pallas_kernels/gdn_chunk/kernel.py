@@ -13,18 +13,20 @@ sequences, gc = the in-chunk cumulative log-decay:
                           O  = (Q * exp(gc)) S + causal(Q K^T * exp(gc_i - gc_j)) V'
                           S <- exp(gc_last) S + (K * exp(gc_last - gc))^T V'
 
-Two `pallas_call`s:
+Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state update is sequential):
 1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all
    chunks of all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots
    `cu[s] // C + s` onwards (T // C + S slots bound the batch); a program finds its sequence by binary
    search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): each diagonal block is
    inverted by forward substitution over its 16 rows (fp32), the blocks below by block substitution
    `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
-2. `_recurrent_kernel`, grid (sequence + 1, value head, dv block): the state recurrence, sequential over
-   the chunks of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the
-   delta rule are independent, so dv blocks add parallelism without communication). It reads the state
-   from its slot and writes it back in place (the pool is aliased input -> output). The extra program
-   row `s == S` writes the zeros of the padding tokens.
+2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
+   of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
+   are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
+   chunk's starting state, two products and nothing else on the sequential path. It reads the state from
+   its slot and writes it back in place (the pool is aliased input -> output).
+3. `_output_kernel`, grid (chunk slot, value head, dv block): O of every chunk in parallel, from the
+   stored starting state and V'; chunks of padding tokens (past `cu_seqlens[S]`) get zeros.
 
 Why the Triton lowering (to be confirmed by measurement on the H200):
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -166,65 +168,96 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
             plgpu.store(gc_ref.at[out, h], gc[i], mask=valid[i])
 
 
-def _recurrent_kernel(
-    cu_ref, slot_ref, q_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, o_ref, state_ref, *, group: int, block_v: int
+def _load_rows(ref, tok: jax.Array, ok: jax.Array, head, cols: jax.Array) -> jax.Array:
+    """ref[tok, head, cols] -> [C, len(cols)], zero on rows where not ok."""
+    return jnp.where(ok[:, None], ref[tok[:, None], head, cols], 0)
+
+
+def _store_rows(ref, rows: jax.Array, ok: jax.Array, head, cols: jax.Array, x: jax.Array) -> None:
+    """ref[rows, head, cols] = x [C, len(cols)] where ok [C] (masked rows point past the end)."""
+    out = jnp.where(ok, rows, ref.shape[0])
+    plgpu.store(ref.at[out[:, None], head, cols], x.astype(ref.dtype), mask=jnp.broadcast_to(ok[:, None], x.shape))
+
+
+def _last_gc(gc: jax.Array, rows_in_chunk: jax.Array) -> jax.Array:
+    """gc [C] -> gc of the chunk's last token (row rows_in_chunk - 1)."""
+    return jnp.sum(jnp.where(jnp.arange(CHUNK, dtype=jnp.int32) == rows_in_chunk - 1, gc, 0.0))
+
+
+def _state_kernel(
+    cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, vnew_ref, h_ref, state_ref, *, group: int,
+    block_v: int
 ):
-    """Program (s, value head h, dv block): the state recurrence and the outputs of sequence s, or (s == S)
-    the zero outputs of the padding tokens."""
+    """Program (sequence s, value head h, dv block): the state recurrence of s, sequential over its chunks.
+
+    Stores each chunk's V' and its starting state (in the input dtype, as the output pass multiplies them)
+    and the final state in place."""
     del state_in_ref  # the same buffer as state_ref (aliased)
     s, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    num_tokens, _, dk = q_ref.shape
-    num_seqs = slot_ref.shape[0]
+    dk = k_ref.shape[-1]
     hk = h // group
     cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
     cols_v = vb * block_v + jnp.arange(block_v, dtype=jnp.int32)[None, :]  # [1, bv]
     r = jnp.arange(CHUNK, dtype=jnp.int32)  # [C]
-    start = cu_ref[s]
+    start, end = cu_ref[s], cu_ref[s + 1]
+    first_slot = _div(start, CHUNK) + s
 
-    def store_rows(rows, ok, o):  # o [C, bv] to tokens rows [C] where ok [C]
-        out = jnp.where(ok, rows, num_tokens)  # masked rows point past the end
-        plgpu.store(o_ref.at[out[:, None], h, cols_v], o, mask=jnp.broadcast_to(ok[:, None], o.shape))
+    @pl.when(end > start)
+    def _():
+        dtype = k_ref.dtype
+        state_view = state_ref.at[slot_ref[s], h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
 
-    @pl.when(s < num_seqs)
+        def chunk_step(c, state):  # state [dk, bv] fp32
+            first = start + c * CHUNK
+            ok = first + r < end  # [C]
+            tok = jnp.where(ok, first + r, first)  # [C], in bounds
+            k, w = _load_rows(k_ref, tok, ok, hk, cols_k), _load_rows(w_ref, tok, ok, h, cols_k)  # [C, dk]
+            u = _load_rows(u_ref, tok, ok, h, cols_v).astype(F32)  # [C, bv]
+            gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
+            gc_last = _last_gc(gc, jnp.minimum(end - first, CHUNK))
+            s_op = state.astype(dtype)
+            h_ref[first_slot + c, h, :, pl.ds(vb * block_v, block_v)] = s_op.astype(h_ref.dtype)
+            v_new = (u - _dot(w, s_op)).astype(dtype)  # [C, bv]
+            _store_rows(vnew_ref, tok, ok, h, cols_v, v_new)
+            k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
+            return state * jnp.exp(gc_last) + _dot(k_decayed, v_new, (0, 0))
+
+        num_chunks = _div(end - start + CHUNK - 1, CHUNK)
+        state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
+
+
+def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, group: int, block_v: int):
+    """Program (chunk slot p, value head h, dv block): the outputs of one chunk from its starting state and V',
+    or zeros on a chunk of padding tokens (past cu_seqlens[S])."""
+    p, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    num_tokens, _, dk = q_ref.shape
+    num_seqs = cu_ref.shape[0] - 1
+    hk = h // group
+    cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
+    cols_v = vb * block_v + jnp.arange(block_v, dtype=jnp.int32)[None, :]  # [1, bv]
+    r = jnp.arange(CHUNK, dtype=jnp.int32)  # [C]
+    s, chunk = _find_chunk(cu_ref, p)
+    first = cu_ref[s] + chunk * CHUNK
+    end = jnp.where(s < num_seqs, cu_ref[jnp.minimum(s + 1, num_seqs)], num_tokens)
+    ok = first + r < end  # [C]
+    tok = jnp.where(ok, first + r, 0)  # [C], in bounds
+
+    @pl.when((s < num_seqs) & (first < end))
     def _sequence():
-        end = cu_ref[s + 1]
-        slot = slot_ref[s]
+        dtype = q_ref.dtype
+        q, k = _load_rows(q_ref, tok, ok, hk, cols_k), _load_rows(k_ref, tok, ok, hk, cols_k)  # [C, dk]
+        v_new = _load_rows(vnew_ref, tok, ok, h, cols_v)  # [C, bv]
+        gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
+        state = h_ref[p, h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv], the chunk's starting state
+        o = _dot((q.astype(F32) * jnp.exp(gc)[:, None]).astype(dtype), state)  # [C, bv]
+        causal = (r[:, None] >= r[None, :]) & ok[:, None]  # [C, C]
+        decay = jnp.exp(jnp.where(causal, gc[:, None] - gc[None, :], -jnp.inf))
+        o = o + _dot((_dot(q, k, (1, 1)) * decay).astype(dtype), v_new)
+        _store_rows(o_ref, tok, ok, h, cols_v, o)
 
-        @pl.when(end > start)
-        def _():
-            dtype = q_ref.dtype
-            state_view = state_ref.at[slot, h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
-
-            def chunk_step(c, state):  # state [dk, bv] fp32
-                first = start + c * CHUNK
-                ok = first + r < end  # [C]
-                tok = jnp.where(ok, first + r, first)  # [C], in bounds
-                load = lambda ref, head, cols: jnp.where(ok[:, None], ref[tok[:, None], head, cols], 0)
-                q, k, w = load(q_ref, hk, cols_k), load(k_ref, hk, cols_k), load(w_ref, h, cols_k)  # [C, dk]
-                u = load(u_ref, h, cols_v).astype(F32)  # [C, bv]
-                gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
-                gc_last = jnp.sum(jnp.where(r == jnp.minimum(end - first, CHUNK) - 1, gc, 0.0))
-                s_op = state.astype(dtype)
-                v_new = u - _dot(w, s_op)  # [C, bv]
-                o = _dot((q.astype(F32) * jnp.exp(gc)[:, None]).astype(dtype), s_op)  # [C, bv]
-                causal = (r[:, None] >= r[None, :]) & ok[:, None]  # [C, C]
-                decay = jnp.exp(jnp.where(causal, gc[:, None] - gc[None, :], -jnp.inf))
-                o = o + _dot((_dot(q, k, (1, 1)) * decay).astype(dtype), v_new.astype(dtype))
-                store_rows(tok, ok, o)
-                k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
-                return state * jnp.exp(gc_last) + _dot(k_decayed, v_new.astype(dtype), (0, 0))
-
-            num_chunks = _div(end - start + CHUNK - 1, CHUNK)
-            state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
-
-    @pl.when(s == num_seqs)
+    @pl.when((s == num_seqs) & (first < end))
     def _padding():
-        def zero_chunk(c, carry):
-            rows = start + c * CHUNK + r  # [C]
-            store_rows(rows, rows < num_tokens, jnp.zeros((CHUNK, block_v), F32))
-            return carry
-
-        lax.fori_loop(0, _div(num_tokens - start + CHUNK - 1, CHUNK), zero_chunk, 0)
+        _store_rows(o_ref, tok, ok, h, cols_v, jnp.zeros((CHUNK, block_v), F32))
 
 
 @functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
@@ -273,18 +306,31 @@ def gdn_chunk(
         name="gdn_chunk_prepare",
     )(cu, k, v, g, beta)
 
-    o, state_pool = pl.pallas_call(
-        functools.partial(_recurrent_kernel, group=group, block_v=block_v),
+    num_slots = num_tokens // CHUNK + num_seqs + 1  # chunk slots: every sequence's and the padding's
+    v_new, chunk_states, state_pool = pl.pallas_call(
+        functools.partial(_state_kernel, group=group, block_v=block_v),
         out_shape=(
-            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), F32),
+            jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # V'
+            jax.ShapeDtypeStruct((num_slots, num_v_heads, dk, dv), q.dtype),  # state at each chunk's start
             jax.ShapeDtypeStruct(state_pool.shape, F32),
         ),
-        grid=(num_seqs + 1, num_v_heads, dv // block_v),
-        in_specs=[pl.no_block_spec] * 8,
-        out_specs=(pl.no_block_spec, pl.no_block_spec),
-        input_output_aliases={7: 1},
+        grid=(num_seqs, num_v_heads, dv // block_v),
+        in_specs=[pl.no_block_spec] * 7,
+        out_specs=(pl.no_block_spec,) * 3,
+        input_output_aliases={6: 2},
         interpret=interpret,
         compiler_params=params,
-        name="gdn_chunk_recurrent",
-    )(cu, slot_ids.astype(jnp.int32), q, k, w, u, gc, state_pool)
+        name="gdn_chunk_state",
+    )(cu, slot_ids.astype(jnp.int32), k, w, u, gc, state_pool)
+
+    o = pl.pallas_call(
+        functools.partial(_output_kernel, group=group, block_v=block_v),
+        out_shape=jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), F32),
+        grid=(num_slots, num_v_heads, dv // block_v),
+        in_specs=[pl.no_block_spec] * 6,
+        out_specs=pl.no_block_spec,
+        interpret=interpret,
+        compiler_params=params,
+        name="gdn_chunk_output",
+    )(cu, q, k, v_new, gc, chunk_states)
     return o, state_pool
