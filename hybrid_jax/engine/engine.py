@@ -254,17 +254,24 @@ class Engine:
 
     def warmup(self) -> None:
         """Compile every decode and prefill program now, several at a time, then run each once on a padding
-        batch (null slot and page): nothing compiles while serving."""
+        batch (null slot and page): nothing compiles while serving.
+
+        The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
+        scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
+        room for when several programs compile at once."""
         programs = [(f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", self._decode[greedy, steps],
                      self.decode_batch([], size))
                     for size in self.config.decode_buckets for greedy, steps in self._decode]
         programs += [(f"prefill T={size}", self._prefill, self.prefill_batch([], size))
                      for size in self.config.prefill_buckets]
 
+        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.pools)
+        self.pools = None
+
         def compile_program(program) -> tuple[str, float]:
             name, step, batch = program
             start = time.perf_counter()
-            step.lower(self._weights, self.pools, batch).compile()  # fills jit's cache for these shapes
+            step.lower(self._weights, pools, batch).compile()  # fills jit's cache for these shapes
             return name, time.perf_counter() - start
 
         start = time.perf_counter()
@@ -274,6 +281,7 @@ class Engine:
                 log.info("warm-up: %s compiled in %.1f s", name, seconds)
         log.info("warm-up: %d programs compiled in %.1f s, %d at a time", len(programs), time.perf_counter() - start,
                  workers)
+        self.pools = allocate_pools(pools, self._pool_shardings)
         for _, step, batch in programs:
             *_, self.pools = step(self._weights, self.pools, batch)
         jax.block_until_ready(self.pools)

@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=1024, help="tokens already in each request's cache")
     parser.add_argument("--decode-steps", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="kernel times summed over the devices")
     parser.add_argument("--sampling", action="store_true", help="the general variant (random draws, logprobs)")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", default=None)
@@ -45,7 +46,8 @@ def main() -> None:
     model = hybrid_jax.random_model(args.size, "bfloat16")
     max_len = args.context + 1024
     config = EngineConfig(max_batch=args.batch, max_model_len=max_len, page_size=16,
-                          num_pages=args.batch * pages_for(max_len, 16) + 1, decode_steps=args.decode_steps)
+                          num_pages=args.batch * pages_for(max_len, 16) + 1, decode_steps=args.decode_steps,
+                          tensor_parallel_size=args.tensor_parallel_size)
     engine = Engine(model, config, valid_vocab=248_077)
     params = SamplingParams(max_tokens=1024, temperature=0 if not args.sampling else 1.0, ignore_eos=True)
     requests = []
@@ -83,7 +85,8 @@ def main() -> None:
     dispatch = sorted(dispatch_alone() for _ in range(15))[7]
     kernels = trace_kernels(lambda: jax.block_until_ready(call()))
     busy = sum(k["us"] for k in kernels)
-    summary = {"size": args.size, "batch": args.batch, "context": args.context, "decode_steps": args.decode_steps,
+    summary = {"size": args.size, "tp": args.tensor_parallel_size, "batch": args.batch, "context": args.context,
+               "decode_steps": args.decode_steps,
                "sampling": args.sampling,
                "weight_leaves": leaves[0], "pool_leaves": leaves[1], "sync_ms": 1e3 * sync,
                "pipelined_ms": 1e3 * pipelined, "dispatch_ms": 1e3 * dispatch, "device_busy_ms": busy / 1e3,

@@ -146,6 +146,10 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
 def test_nothing_compiles_while_serving(model, prompts, caplog):
     """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs."""
     engine = make_engine(model, decode_steps=3)
+    # One program per shape bucket: the warm-up compiled against the released pools' shapes, and its run of
+    # each program on the re-allocated pools used those compilations.
+    assert all(step._cache_size() == len(engine.config.decode_buckets) for step in engine._decode.values())
+    assert engine._prefill._cache_size() == len(engine.config.prefill_buckets)
     try:
         with caplog.at_level(logging.WARNING), jax.log_compiles(True):
             handles = [engine.submit(prompts[1], GREEDY), engine.submit(prompts[5], GREEDY),
