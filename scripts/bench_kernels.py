@@ -131,8 +131,7 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
             "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
-def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 64, num_warps: int = 4,
-                           split: bool | None = None) -> dict:
+def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 64, num_warps: int = 4) -> dict:
     """The engine's decode kernel (conv shift, norms, gates, state update) from the raw projections."""
     s = SIZES[size]
     hk, hv, width = s["hk"], s["hv"], 4
@@ -149,12 +148,11 @@ def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 64, num_warps: 
 
     def step(conv, state):
         return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, conv, state, num_k_heads=hk,
-                                head_k_dim=D, head_v_dim=D, block_v=block_v, num_warps=num_warps, split=split)
+                                head_k_dim=D, head_v_dim=D, block_v=block_v, num_warps=num_warps)
 
     ours = time_chained(jax.jit(step, donate_argnums=(0, 1)), (conv_pool, state_pool))
     state_bytes = 2 * batch * hv * D * D * 4
-    form = {None: "", False: " one", True: " split"}[split]
-    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v} w={num_warps}{form}",
+    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v} w={num_warps}",
             "ours_ms": ours * 1e3, "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
@@ -194,8 +192,8 @@ def main() -> None:
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.decode_sweep:
-        cases = [(bench_gdn_decode_fused, size, b, bv, w, split) for size in SIZES for b in (1, 64)
-                 for split in (False, True) for bv in (32, 64, 128) for w in (4, 8)]
+        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
+                 for bv in (32, 64, 128) for w in (4, 8, 16)]
     else:
         cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
         cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
@@ -214,16 +212,16 @@ def main() -> None:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{meta}\n")
     header = ("op", "size", "shape", "ours ms", "peer ms", "peer/ours", "TB/s|TF/s", "HBM%")
-    print("{:24} {:5} {:24} {:>9} {:>9} {:>9} {:>9} {:>6}".format(*header))
+    print("{:24} {:5} {:18} {:>9} {:>9} {:>9} {:>9} {:>6}".format(*header))
     for r in rows:
         if "error" in r:
-            print(f"{r['op']:24} {r['size']:5} {r['shape']:24} error: {r['error'][:60]}")
+            print(f"{r['op']:24} {r['size']:5} {r['shape']:18} error: {r['error'][:60]}")
             continue
         ratio = f"{r['peer_ms'] / r['ours_ms']:.2f}" if r.get("peer_ms") else "-"
         rate = r.get("tbps", r.get("tflops"))
         share = f"{100 * r['hbm_share']:.0f}" if "hbm_share" in r else "-"
         peer = f"{r['peer_ms']:.3f}" if r.get("peer_ms") else "-"
-        print(f"{r['op']:24} {r['size']:5} {r['shape']:24} {r['ours_ms']:9.3f} {peer:>9} {ratio:>9} {rate:9.2f} "
+        print(f"{r['op']:24} {r['size']:5} {r['shape']:18} {r['ours_ms']:9.3f} {peer:>9} {ratio:>9} {rate:9.2f} "
               f"{share:>6}")
 
 

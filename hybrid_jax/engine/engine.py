@@ -173,14 +173,26 @@ class Engine:
         self._weights = tuple(leaves)
         step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
-        self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), donate_argnums=1)
+        jit_kw = dict(donate_argnums=1)
+        decode_kw = jit_kw
+        if self.mesh is not None:
+            # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned.
+            # A chained decode call's input tokens are then the previous call's output as they are, and the
+            # warm-up's compilation (from host arrays) is the one that serves (left to GSPMD, an output's
+            # sharding was another input signature: a compile while serving).
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            weight_shardings = tuple(w.sharding for w in self._weights)
+            jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
+                          out_shardings=(replicated, self._pool_shardings))
+            decode_kw = dict(jit_kw, out_shardings=(replicated, replicated, self._pool_shardings))
+        self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
-                                                     **step_kw), donate_argnums=1) for greedy in (False, True)}
+                                                     **step_kw), **decode_kw) for greedy in (False, True)}
         if config.decode_steps > 1:
             self._decode[True, config.decode_steps] = jax.jit(
                 partial(self._run_decode_step, multi_decode_step, num_steps=config.decode_steps, greedy_only=True,
-                        **step_kw), donate_argnums=1)
+                        **step_kw), **decode_kw)
         self._inflight: DecodeCall | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
@@ -203,10 +215,7 @@ class Engine:
     def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
         with few_row_kernel(self.mesh is None):  # GSPMD cannot split a Pallas call: XLA's dots under a mesh
-            sampled, pools = step(model, pools, batch, **kw)
-        if self._pool_shardings is not None:  # keep the donated pools' layout step after step
-            pools = jax.lax.with_sharding_constraint(pools, self._pool_shardings)
-        return sampled, pools
+            return step(model, pools, batch, **kw)
 
     # -- public API ----------------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestHandle:

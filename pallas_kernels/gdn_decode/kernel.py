@@ -18,9 +18,6 @@ block of dv columns):
   depthwise conv + SiLU in fp32, L2-normalises q and k (q also scaled by dk^-1/2), writes the shifted raw
   window back, computes g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), then runs the state
   update of each of its value heads, dv block by dv block. State traffic: one read and one write.
-  At small batches (rows x key heads below ~1 wave of SMs: 16 programs at B=1) that leaves most SMs idle
-  on the state traffic, so there it runs as two kernels: the same conv/norms/gates per (row, key head),
-  storing q, k, v, g, beta (a few KiB), then `gdn_decode` over (row, value head, dv block).
 
 Why the Triton lowering (to be confirmed by measurement on the H200): the work is elementwise products and
 reductions over [dk, block_v] tiles with no matmul worth a tensor core (one key per step), so wgmma and TMA,
@@ -129,13 +126,29 @@ def gdn_decode(
     )(slot_ids.astype(jnp.int32), q, k, v, g, beta, state_pool)
 
 
-def _conv_norm_gates(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bias_ref, conv_ref, *, num_k_heads: int,
-                     head_k_dim: int, head_v_dim: int, block_v: int, barrier: bool):
-    """Program (row b, key head hk): conv-state shift + conv + SiLU of hk's channels (its q and k, and the v of
-    its `group` value heads), L2 norms and gates. Returns q, k [dk] fp32, and per value head h of the group
-    (h, g, beta, [v block [bv] fp32 for each dv block])."""
+def _fused_kernel(
+    slot_ref,
+    mixed_ref,
+    a_ref,
+    b_ref,
+    w_ref,
+    a_log_ref,
+    dt_bias_ref,
+    conv_in_ref,
+    state_in_ref,
+    o_ref,
+    conv_ref,
+    state_ref,
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+    block_v: int,
+    barrier: bool,
+):
+    """Program (row b, key head hk): the conv, norms, gates and state updates of hk's channels and value heads."""
+    del conv_in_ref, state_in_ref  # the same buffers as conv_ref / state_ref (aliased)
     b, hk = pl.program_id(0), pl.program_id(1)
-    num_v_heads = a_ref.shape[1]
+    _, num_v_heads, head_v_dim = o_ref.shape
     group = num_v_heads // num_k_heads
     key_dim = num_k_heads * head_k_dim
     width = w_ref.shape[0]  # conv kernel size K
@@ -161,48 +174,17 @@ def _conv_norm_gates(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bia
 
     q = l2_normalize(convs[0][0]) * head_k_dim**-0.5  # [dk]
     k = l2_normalize(convs[1][0])  # [dk]
-    blocks_per_head = head_v_dim // block_v
-    per_head = []
-    for i, h in enumerate(heads):
+    v_blocks = iter(x for x, _ in convs[2:])  # [bv] each, in the order of the loops below
+    for h in heads:
         g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
         beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
-        v_blocks = [x for x, _ in convs[2 + i * blocks_per_head: 2 + (i + 1) * blocks_per_head]]
-        per_head.append((h, g, beta, v_blocks))
-    return q, k, per_head
-
-
-def _fused_kernel(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bias_ref, conv_in_ref, state_in_ref, o_ref,
-                  conv_ref, state_ref, **heads):
-    """Program (row b, key head hk): the conv, norms, gates and state updates of hk's channels and value heads."""
-    del conv_in_ref, state_in_ref  # the same buffers as conv_ref / state_ref (aliased)
-    q, k, per_head = _conv_norm_gates(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bias_ref, conv_ref,
-                                      **heads)
-    b, block_v = pl.program_id(0), heads["block_v"]
-    for h, g, beta, v_blocks in per_head:
-        for i, v in enumerate(v_blocks):
-            cols = pl.ds(i * block_v, block_v)
-            o_ref[b, h, cols] = _update_state(state_ref.at[slot_ref[b], h, :, cols], q, k, v, g, beta)
-
-
-def _prepare_kernel(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bias_ref, conv_in_ref, q_ref, k_ref,
-                    v_ref, g_ref, beta_ref, conv_ref, **heads):
-    """Program (row b, key head hk): `_conv_norm_gates`, its q, k, v, g, beta stored for `gdn_decode`."""
-    del conv_in_ref  # the same buffer as conv_ref (aliased)
-    q, k, per_head = _conv_norm_gates(slot_ref, mixed_ref, a_ref, b_ref, w_ref, a_log_ref, dt_bias_ref, conv_ref,
-                                      **heads)
-    b, hk, block_v = pl.program_id(0), pl.program_id(1), heads["block_v"]
-    q_ref[b, hk, :] = q
-    k_ref[b, hk, :] = k
-    for h, g, beta, v_blocks in per_head:
-        g_ref[b, h] = g
-        beta_ref[b, h] = beta
-        for i, v in enumerate(v_blocks):
-            v_ref[b, h, pl.ds(i * block_v, block_v)] = v
+        for c in range(0, head_v_dim, block_v):
+            cols = pl.ds(c, block_v)
+            o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, next(v_blocks), g, beta)
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "block_v", "num_warps", "split", "interpret"),
+    jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "block_v", "num_warps", "interpret")
 )
 def gdn_decode_fused(
     mixed_qkv: jax.Array,  # [B, C]
@@ -218,50 +200,25 @@ def gdn_decode_fused(
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
-    block_v: int = 64,
+    block_v: int = 128,
     num_warps: int = 4,
-    split: bool | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
     """The GDN decode step from the raw projections, in place on both (donated) pools.
 
-    block_v: dv columns of the state tile a program holds at a time (power of two dividing dv).
-    split: run the conv/norms/gates (grid row x key head) and the state update (`gdn_decode`, grid row x value
-    head x dv block) as two kernels; None: split when rows x key heads are too few programs to fill the GPU
-    (small batches), where the one-kernel form leaves most SMs idle on the state traffic.
+    block_v: dv columns of the state tile a program holds at a time (power of two dividing dv). 128 with 4
+    warps was the fastest of 32/64/128 x 4/8 warps on the H200 at 9B and 27B shapes, batch 1 and 64
+    (`bench_kernels.py --decode-sweep`): 2.9-3.0 TB/s of state traffic at batch 64.
     """
     batch = mixed_qkv.shape[0]
     num_v_heads = a.shape[1]
     block_v = min(block_v, head_v_dim)
     _check_block_v(block_v, head_v_dim)
-    split = batch * num_k_heads < _TARGET_PROGRAMS // 2 if split is None else split
-    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, block_v=block_v,
-                 barrier=not interpret)
-    params = plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
-    inputs = (slot_ids.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_pool)
-    if split:
-        q, k, v, g, beta, conv_pool = pl.pallas_call(
-            functools.partial(_prepare_kernel, **heads),
-            out_shape=(
-                jax.ShapeDtypeStruct((batch, num_k_heads, head_k_dim), F32),
-                jax.ShapeDtypeStruct((batch, num_k_heads, head_k_dim), F32),
-                jax.ShapeDtypeStruct((batch, num_v_heads, head_v_dim), F32),
-                jax.ShapeDtypeStruct((batch, num_v_heads), F32),
-                jax.ShapeDtypeStruct((batch, num_v_heads), F32),
-                jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
-            ),
-            grid=(batch, num_k_heads),
-            in_specs=[pl.no_block_spec] * 8,
-            out_specs=(pl.no_block_spec,) * 6,
-            input_output_aliases={7: 5},
-            interpret=interpret,
-            compiler_params=params,
-            name="gdn_decode_prepare",
-        )(*inputs)
-        o, state_pool = gdn_decode(q, k, v, g, beta, slot_ids, state_pool, interpret=interpret)
-        return o, conv_pool, state_pool
+    kernel = functools.partial(
+        _fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v, barrier=not interpret
+    )
     return pl.pallas_call(
-        functools.partial(_fused_kernel, **heads),
+        kernel,
         out_shape=(
             jax.ShapeDtypeStruct((batch, num_v_heads, head_v_dim), F32),
             jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
@@ -272,6 +229,6 @@ def gdn_decode_fused(
         out_specs=(pl.no_block_spec,) * 3,
         input_output_aliases={7: 1, 8: 2},
         interpret=interpret,
-        compiler_params=params,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         name="gdn_decode_fused",
-    )(*inputs, state_pool)
+    )(slot_ids.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_pool, state_pool)

@@ -9,9 +9,8 @@ launch per projection. Here one launch serves all the projections that read the 
 gate/up, GDN's qkv/z/b/a): the grid's first axis runs over every weight's column blocks in turn. A
 program owns a [K / splits, block_n] slab of one weight, walks it in [block_k, block_n] tiles (contiguous
 along N, so loads coalesce) with Triton's software pipeline keeping several tiles in flight, and
-multiplies each by the rows on the tensor cores. Rows are read and written as one block of a power of two
->= 16 rows: the lowering masks the rows past M, so x is never padded in memory (a pad would be one more
-launch per projection set, ~100 a 9B step).
+multiplies each by the rows on the tensor cores (rows padded to a power of two >= 16, free beside the
+weight traffic).
 When the column blocks alone give too few programs to fill the GPU, K is split too: each split writes an
 fp32 partial and XLA sums the few partials (fused into the consumer).
 
@@ -52,8 +51,7 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
 
 
 def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
-    # x_ref [Mp, K] (rows past M masked); refs: weights [K, N_i] ... (whole arrays), then outputs
-    # [splits, Mp, N_i] ... (rows past M masked).
+    # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
     w_refs, o_refs = refs[:num], refs[num:]
     j, s = pl.program_id(0), pl.program_id(1)
@@ -93,17 +91,18 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
     out_dtype = jnp.dtype(out_dtype or dtype)
     block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
     padded = max(MIN_ROWS, 1 << (m - 1).bit_length())
+    xp = jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0)))
     partial_dtype = out_dtype if splits == 1 else F32
     kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits)
     col_blocks = sum(n // bn for n, bn in zip(widths, block_ns, strict=True))
     partials = pl.pallas_call(
         kernel,
-        out_shape=tuple(jax.ShapeDtypeStruct((splits, m, n), partial_dtype) for n in widths),
+        out_shape=tuple(jax.ShapeDtypeStruct((splits, padded, n), partial_dtype) for n in widths),
         grid=(col_blocks, splits),
-        in_specs=[pl.BlockSpec((padded, k), lambda j, s: (0, 0))] + [pl.no_block_spec] * len(weights),
-        out_specs=tuple(pl.BlockSpec((splits, padded, n), lambda j, s: (0, 0, 0)) for n in widths),
+        in_specs=[pl.no_block_spec] * (1 + len(weights)),
+        out_specs=(pl.no_block_spec,) * len(weights),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv",
-    )(x.astype(dtype), *weights)  # ([splits, M, N_i], ...)
-    return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32)).astype(out_dtype) for p in partials)
+    )(xp, *weights)  # ([splits, Mp, N_i], ...)
+    return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)

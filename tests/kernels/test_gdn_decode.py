@@ -9,8 +9,6 @@ Tolerance 1e-5 (rtol = atol) everywhere: the kernels upcast bf16 inputs exactly 
 references; only the order of the fp32 sums differs.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -173,13 +171,12 @@ def test_decode_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuni
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("split", [False, True], ids=["one-kernel", "split"])
 @pytest.mark.parametrize(("seed", "num_k_heads", "num_v_heads", "dk", "dv", "dtype", "tuning"), CASES, ids=IDS)
-def test_fused_kernel(impl, split, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuning):
+def test_fused_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuning):
     step = Step(seed, 4, 3, num_k_heads, num_v_heads, dk, dv, dtype)
     args = step.fused_args()
     o_want, conv_want, state_want = reference.gdn_decode_fused(*args, **step.head_kwargs())
-    o, conv, state = gd.gdn_decode_fused(*args, **step.head_kwargs(), impl=impl, split=split, **tuning)
+    o, conv, state = gd.gdn_decode_fused(*args, **step.head_kwargs(), impl=impl, **tuning)
     _assert_close(o[:4], o_want[:4])
     step.check_pool(conv, conv_want, args[-2])
     step.check_pool(state, state_want, args[-1])
@@ -202,13 +199,12 @@ def test_kernels_real_shapes_in_place_gpu(num_v_heads):
 
     args = step.fused_args()
     want = reference.gdn_decode_fused(*args, **step.head_kwargs())
-    for split in (False, True):
-        fused = jax.jit(functools.partial(gd.gdn_decode_fused, **step.head_kwargs(), impl="kernel", split=split),
-                        donate_argnums=(7, 8))
-        got = fused(*args[:-2], jnp.array(args[-2], copy=True), jnp.array(args[-1], copy=True))
-        _assert_close(got[0][:61], want[0][:61])
-        step.check_pool(got[1], want[1], args[-2])
-        step.check_pool(got[2], want[2], args[-1])
+    got = jax.jit(lambda *a: gd.gdn_decode_fused(*a, **step.head_kwargs(), impl="kernel"), donate_argnums=(7, 8))(
+        *args[:-2], jnp.array(args[-2], copy=True), jnp.array(args[-1], copy=True)
+    )
+    _assert_close(got[0][:61], want[0][:61])
+    step.check_pool(got[1], want[1], args[-2])
+    step.check_pool(got[2], want[2], args[-1])
 
 
 def test_dispatch():
