@@ -176,10 +176,9 @@ class Engine:
         jit_kw = dict(donate_argnums=1)
         decode_kw = jit_kw
         if self.mesh is not None:
-            # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned.
-            # A chained decode call's input tokens are then the previous call's output as they are, and the
-            # warm-up's compilation (from host arrays) is the one that serves (left to GSPMD, an output's
-            # sharding was another input signature: a compile while serving).
+            # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
+            # so a chained decode call's input tokens (the previous call's output) have the sharding the warm-up
+            # compiled for, whatever GSPMD would have chosen for that output.
             replicated = NamedSharding(self.mesh, PartitionSpec())
             weight_shardings = tuple(w.sharding for w in self._weights)
             jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
