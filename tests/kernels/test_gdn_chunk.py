@@ -143,6 +143,15 @@ def test_kernel_no_padding_single_sequence(impl):
     _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.float32])
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("lens", "pad"), [([63], 66), ([64, 1], 129)], ids=["ends-mid-chunk", "after-full-chunk"])
+def test_kernel_long_padding(impl, lens, pad):
+    """More than two chunks of padding tokens after the last sequence: the output pass's extra chunk slot."""
+    batch = Batch(8, lens, pad, 1, 2, 16, 16)
+    o, pool = gc.gdn_chunk(*batch.args(), impl=impl)
+    _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.float32])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("num_v_heads", [16, 32, 48])
 def test_kernel_real_shapes_gpu(num_v_heads):
