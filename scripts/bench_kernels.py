@@ -131,7 +131,7 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
             "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
-def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 64, num_warps: int = 4) -> dict:
+def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 128, num_warps: int = 4) -> dict:
     """The engine's decode kernel (conv shift, norms, gates, state update) from the raw projections."""
     s = SIZES[size]
     hk, hv, width = s["hk"], s["hv"], 4
@@ -192,8 +192,8 @@ def main() -> None:
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.decode_sweep:
-        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
-                 for bv in (32, 64, 128) for w in (4, 8, 16)]
+        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 64)
+                 for bv in (32, 64, 128) for w in (4, 8)]
     else:
         cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
         cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]

@@ -207,8 +207,8 @@ def gdn_decode_fused(
     """The GDN decode step from the raw projections, in place on both (donated) pools.
 
     block_v: dv columns of the state tile a program holds at a time (power of two dividing dv). 128 with 4
-    warps was the fastest of 32/64/128 x 4/8 warps on the H200 at 9B and 27B shapes, batch 1 and 64
-    (`bench_kernels.py --decode-sweep`): 2.9-3.0 TB/s of state traffic at batch 64.
+    warps was the fastest of 32/64/128 x 4/8 warps on the H200 at batch 64, 9B and 27B shapes (the 27B
+    sweep stopped before 128 x 8 warps; `bench_kernels.py --decode-sweep`): 2.9-3.0 TB/s of state traffic.
     """
     batch = mixed_qkv.shape[0]
     num_v_heads = a.shape[1]

@@ -4,13 +4,9 @@
 # 4096-token prompts (every request must finish). Random weights at real shapes (bf16).
 # Logs and JSON under $OUT (default ./gpu_out); a short table at the end.
 set -u
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
 bench() {  # name, time limit (s), bench_engine.py flags...
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" python3 scripts/bench_engine.py --decode-steps 4 --out "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1 \
-    || echo "$name: exit $?" >> "$OUT/failures.txt"
+  run "$1" "$2" python3 scripts/bench_engine.py --decode-steps 4 --out "$OUT/$1.json" "${@:3}"
 }
 for size in 0.8b 2b 4b 9b 27b; do
   bench "c1_$size" 200 --size "$size"
@@ -19,4 +15,4 @@ bench ttft_9b_4097 150 --size 9b --prompt-len 4097 --output-len 16
 bench ttft_9b_32k 200 --size 9b --prompt-len 32768 --output-len 16
 bench c120_9b 300 --size 9b --prompt-len 4096 --concurrency 120
 for f in "$OUT"/c1_*.log "$OUT"/ttft_*.log "$OUT"/c120_*.log; do echo "== $f"; tail -n 2 "$f"; done
-cat "$OUT/failures.txt" 2> /dev/null
+if [ -f "$OUT/failures.txt" ]; then cat "$OUT/failures.txt"; fi

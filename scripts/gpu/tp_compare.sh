@@ -5,15 +5,9 @@
 #     bash scripts/gpu/tp_compare.sh 9b 27b
 # Logs and JSON under $OUT (default ./gpu_out); a short table at the end. Random weights at real shapes, bf16.
 set -u
-OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/common.sh"
 sizes=("${@:-9b}")
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-run() {  # name, time limit (s), command...
-  local name=$1 limit=$2
-  shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1 || echo "$name: exit $?" >> "$OUT/failures.txt"
-}
 bench=(python3 scripts/bench_engine.py --decode-steps 4 --output-len 64 --concurrency 1 32)
 for size in "${sizes[@]}"; do
   run "engine_${size}_tp1" 240 env CUDA_VISIBLE_DEVICES=0 "${bench[@]}" --size "$size" --tensor-parallel-size 1 \
