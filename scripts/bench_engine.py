@@ -57,6 +57,7 @@ def main() -> None:
     config = EngineConfig(max_batch=max_batch, max_model_len=args.prompt_len + args.output_len + 16, page_size=16,
                           prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
                           memory_utilization=0.85, decode_steps=args.decode_steps,
+                          decode_sizes=tuple(args.concurrency),  # one decode program per level measured
                           tensor_parallel_size=args.tensor_parallel_size)
     engine = Engine(model, config, valid_vocab=248_077).start()
     ready = time.monotonic() - ready_start

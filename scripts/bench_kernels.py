@@ -13,6 +13,7 @@ as the engine runs them: calls queued back to back on donated pools, so the time
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -62,32 +63,59 @@ def gdn_inputs(t: int, hk: int, hv: int, seed: int = 0):
     return q, k, v, g, beta
 
 
-def bench_gdn_chunk(size: str, t: int) -> dict:
+@functools.cache
+def fla_chunk_ms(size: str, t: int) -> float | None:
+    """fla's chunk_gated_delta_rule on the inputs of `bench_gdn_chunk` (keys repeated per value head), ms."""
+    s = SIZES[size]
+    q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"])
+    try:
+        import torch
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        tq, tk = (torch.from_dlpack(jnp.repeat(x, s["hv"] // s["hk"], axis=1)[None]) for x in (q, k))
+        tv, tg, tb = (torch.from_dlpack(x[None]) for x in (v, g, beta))
+        state = torch.zeros(1, s["hv"], D, D, device="cuda", dtype=torch.float32)
+        seconds = time_torch(lambda: chunk_gated_delta_rule(tq, tk, tv, tg, tb, scale=1.0, initial_state=state,
+                                                            output_final_state=True))
+    except Exception:
+        traceback.print_exc()
+        return None
+    return None if seconds is None else seconds * 1e3
+
+
+def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
+    """gdn_chunk on one sequence of t tokens, timed as fla's do_bench times its peer: calls back to back (the
+    state pool donated from one to the next), so the figure is device time, not dispatch."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"])
     pool = jnp.zeros((2, s["hv"], D, D), jnp.float32)
     cu = jnp.asarray([0, t], jnp.int32)
     slots = jnp.asarray([1], jnp.int32)
-    step = jax.jit(gdn_chunk)
-    ours = time_jax(step, q, k, v, g, beta, cu, slots, pool)
-    kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(step, q, k, v, g, beta, cu, slots, pool)[:4]}
-    peer = None
-    try:
-        import torch
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-        tq, tk, tv = (torch.from_dlpack(jnp.repeat(x, s["hv"] // s["hk"], axis=1)[None]) if x is not v
-                      else torch.from_dlpack(x[None]) for x in (q, k, v))
-        tg, tb = torch.from_dlpack(g[None]), torch.from_dlpack(beta[None])
-        state = torch.zeros(1, s["hv"], D, D, device="cuda", dtype=torch.float32)
-        peer = time_torch(lambda: chunk_gated_delta_rule(tq, tk, tv, tg, tb, scale=1.0, initial_state=state,
-                                                         output_final_state=True))
-    except Exception:
-        traceback.print_exc()
+    step = jax.jit(functools.partial(gdn_chunk, **tuning), donate_argnums=7)
+    ours = time_chained(lambda pool: step(q, k, v, g, beta, cu, slots, pool), (jnp.zeros_like(pool),))
+    run = jax.jit(functools.partial(gdn_chunk, **tuning))
+    kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(run, q, k, v, g, beta, cu, slots, pool)[:4]}
+    peer = fla_chunk_ms(size, t)
     flops = 4 * t * s["hv"] * D * D * 2  # order of the state and intra-chunk matmuls
-    return {"op": "gdn_chunk", "size": size, "shape": f"T={t}", "ours_ms": ours * 1e3,
-            "peer": "fla chunk_gated_delta_rule", "peer_ms": None if peer is None else peer * 1e3,
-            "tflops": flops / ours / 1e12, "device_us": kernels}
+    shape = f"T={t}" + "".join(f" {k}={v}" for k, v in tuning.items())
+    return {"op": "gdn_chunk", "size": size, "shape": shape, "ours_ms": ours * 1e3,
+            "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels}
+
+
+def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, inverse: str,
+                    num_warps: int) -> dict:
+    """One tile configuration of gdn_chunk: its error against the XLA reference (bf16 inputs) and its times."""
+    s = SIZES[size]
+    q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"], seed=1)
+    pool = jax.random.normal(jax.random.PRNGKey(2), (2, s["hv"], D, D), jnp.float32)
+    cu, slots = jnp.asarray([0, t], jnp.int32), jnp.asarray([1], jnp.int32)
+    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps, inverse=inverse)
+    o, new_pool = gdn_chunk(q, k, v, g, beta, cu, slots, pool, impl="kernel", **tuning)
+    o_ref, pool_ref = jax.jit(functools.partial(gdn_chunk, impl="reference"))(q, k, v, g, beta, cu, slots, pool)
+    errors = {"o_max_abs_error": float(jnp.max(jnp.abs(o - o_ref))), "o_max_abs": float(jnp.max(jnp.abs(o_ref))),
+              "state_max_abs_error": float(jnp.max(jnp.abs(new_pool - pool_ref))),
+              "state_max_abs": float(jnp.max(jnp.abs(pool_ref)))}
+    return {**bench_gdn_chunk(size, t, **tuning), **errors}
 
 
 def time_chained(step, pools: tuple, reps: int = 50) -> float:
@@ -188,10 +216,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--decode-sweep", action="store_true",
                         help="only the fused GDN decode kernel, over its tile width and warp count")
+    parser.add_argument("--chunk-sweep", action="store_true",
+                        help="only gdn_chunk at 9B shapes, T=8192, over its tile widths and warp count, with its error")
     args = parser.parse_args()
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
-    if args.decode_sweep:
+    if args.chunk_sweep:
+        # The three kernels time separately (device_us): each triple varies all three, every option appears.
+        tiles = [(16, 128, "doubling"), (32, 64, "rows"), (64, 128, "rows")]
+        cases = [(sweep_gdn_chunk, "9b", 8192, *tile, w) for tile in tiles for w in (4, 8)]
+    elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 64)
                  for bv in (32, 64, 128) for w in (4, 8)]
     else:
@@ -223,6 +257,12 @@ def main() -> None:
         peer = f"{r['peer_ms']:.3f}" if r.get("peer_ms") else "-"
         print(f"{r['op']:24} {r['size']:5} {r['shape']:18} {r['ours_ms']:9.3f} {peer:>9} {ratio:>9} {rate:9.2f} "
               f"{share:>6}")
+    for r in rows:  # where the time went, kernel by kernel, and the sweep's errors
+        if r.get("device_us"):
+            kernels = " ".join(f"{name.removeprefix('gdn_chunk_')}={us}" for name, us in r["device_us"].items())
+            error = (f" | o err {r['o_max_abs_error']:.2g}/{r['o_max_abs']:.2g} state err "
+                     f"{r['state_max_abs_error']:.2g}/{r['state_max_abs']:.2g}" if "o_max_abs_error" in r else "")
+            print(f"{r['size']} {r['shape']}: device us {kernels}{error}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ def default_llm(settings: Settings):
                max_model_len=settings.max_model_len, prefill_chunk=settings.prefill_chunk,
                max_waiting=settings.max_waiting, tensor_parallel_size=settings.tensor_parallel_size,
                memory_utilization=settings.gpu_memory_utilization,
-               decode_steps=settings.decode_steps, compilation_cache_dir=settings.compilation_cache_dir)
+               decode_steps=settings.decode_steps, decode_sizes=settings.decode_sizes,
+               compilation_cache_dir=settings.compilation_cache_dir)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

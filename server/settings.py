@@ -21,6 +21,7 @@ class Settings:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     decode_steps: int = 4  # greedy decode steps per device call when no prompt waits
+    decode_sizes: tuple[int, ...] | None = None  # decode batch buckets; None: powers of two up to max_batch
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     max_waiting: int = 4096
     api_key: str | None = None
@@ -45,7 +46,11 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None:
-                env[ENV_PREFIX + f.name.upper()] = json.dumps(value) if isinstance(value, dict) else str(value)
+                if isinstance(value, dict):
+                    value = json.dumps(value)
+                elif isinstance(value, tuple):
+                    value = ",".join(map(str, value))
+                env[ENV_PREFIX + f.name.upper()] = str(value)
         return env
 
 
@@ -55,6 +60,8 @@ def _parse(name: str, raw: str, kind: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind.startswith("tuple[int"):
+            return tuple(int(x) for x in raw.split(","))
         if kind.startswith("dict"):
             value = json.loads(raw)
             if not isinstance(value, dict):

@@ -68,9 +68,17 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # shards of the model over the first devices
     prefill_sizes: tuple[int, ...] | None = None  # token buckets of the prefill step (default: powers of two)
     decode_steps: int = 1  # decode steps per call when nothing waits for prefill (hides the host round trip)
+    decode_sizes: tuple[int, ...] | None = None  # batch buckets of the decode step (default: powers of two)
+
+    def __post_init__(self):
+        if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
+            raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a decode program is compiled for; a batch runs in the smallest that holds it."""
+        if self.decode_sizes:
+            return tuple(sorted({*self.decode_sizes, self.max_batch}))
         sizes = [1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch]
         return (*sizes, self.max_batch)
 

@@ -17,9 +17,9 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
 1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all
    chunks of all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots
    `cu[s] // C + s` onwards (T // C + S slots bound the batch); a program finds its sequence by binary
-   search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): each diagonal block is
-   inverted by forward substitution over its 16 rows (fp32), the blocks below by block substitution
-   `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
+   search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): the diagonal blocks are
+   inverted by forward substitution over their 16 rows (fp32, all four in one loop), the blocks below by
+   block substitution `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
 2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
    of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
    are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
@@ -71,18 +71,41 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
 
 
-def _unit_lower_inverse(a: jax.Array) -> jax.Array:  # [n, n] fp32
-    """(I + a)^-1 for a strictly lower triangular a [n, n] fp32, by forward substitution over its rows."""
-    n = a.shape[0]
+def _unit_lower_inverses(blocks: list[jax.Array]) -> list[jax.Array]:  # each [n, n] fp32
+    """(I + a)^-1 of each strictly lower triangular a [n, n] fp32, by forward substitution over its rows.
+
+    One loop over the rows updates every block: the blocks' dependency chains are independent, so their
+    latencies overlap instead of adding up."""
+    n = blocks[0].shape[0]
     rows = jnp.arange(n, dtype=jnp.int32)[:, None]  # [n, 1]
     cols = jnp.arange(n, dtype=jnp.int32)[None, :]  # [1, n]
 
-    def row_step(i, inv):  # rows < i of inv are final; row i = e_i - sum_{j<i} a_ij inv_j
-        a_i = jnp.sum(jnp.where(rows == i, a, 0.0), axis=0)  # [n], row i of a (zero from column i on)
-        row = jnp.where(cols[0] == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * inv, axis=0)  # [n]
-        return jnp.where(rows == i, row[None, :], inv)
+    def row_step(i, invs):  # rows < i of each inverse are final; row i = e_i - sum_{j<i} a_ij inv_j
+        out = []
+        for a, inv in zip(blocks, invs, strict=True):
+            a_i = jnp.sum(jnp.where(rows == i, a, 0.0), axis=0)  # [n], row i of a (zero from column i on)
+            row = jnp.where(cols[0] == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * inv, axis=0)  # [n]
+            out.append(jnp.where(rows == i, row[None, :], inv))
+        return tuple(out)
 
-    return lax.fori_loop(1, n, row_step, (rows == cols).astype(F32))
+    identity = (rows == cols).astype(F32)
+    return list(lax.fori_loop(1, n, row_step, (identity,) * len(blocks)))
+
+
+def _unit_lower_inverses_doubling(blocks: list[jax.Array]) -> list[jax.Array]:  # each [n, n] fp32
+    """(I + a)^-1 = (I - a)(I + a^2)(I + a^4)...(I + a^(n/2)) of each strictly lower triangular a (a^n = 0):
+    2 log2(n) - 2 fp32 products a block instead of n - 1 dependent row steps."""
+    n = blocks[0].shape[0]
+    identity = (jnp.arange(n)[:, None] == jnp.arange(n)[None, :]).astype(F32)
+    out = []
+    for a in blocks:
+        power = -a  # (-a)^(2^j)
+        inv = identity + power
+        for _ in range(n.bit_length() - 2):
+            power = _dot(power, power)
+            inv = inv + _dot(inv, power)
+        out.append(inv)
+    return out
 
 
 def _find_chunk(cu_ref, p: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -100,7 +123,7 @@ def _find_chunk(cu_ref, p: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lo, p - first_slot(lo)
 
 
-def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref, *, group: int):
+def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref, *, group: int, inverse: str):
     """Program (chunk slot p, value head h): gc, W and U of one chunk (see the module docstring)."""
     p, h = pl.program_id(0), pl.program_id(1)
     num_tokens, _, dk = k_ref.shape
@@ -143,7 +166,9 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
             return beta[i][:, None] * _dot(k[i], k[j], (1, 1)) * jnp.exp(diff)
 
         a = {(i, j): a_block(i, j) for i in range(NUM_BLOCKS) for j in range(i + 1)}
-        t_blk = {(i, i): _unit_lower_inverse(a[i, i]) for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
+        invert = _unit_lower_inverses if inverse == "rows" else _unit_lower_inverses_doubling
+        diagonal = invert([a[i, i] for i in range(NUM_BLOCKS)])
+        t_blk = {(i, i): diagonal[i] for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
         for i in range(1, NUM_BLOCKS):
             for j in range(i):
                 acc = sum(_dot(a[i, m], t_blk[m, j]) for m in range(j, i))  # [n, n]
@@ -260,7 +285,8 @@ def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, grou
         _store_rows(o_ref, tok, ok, h, cols_v, jnp.zeros((CHUNK, block_v), F32))
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "inverse", "num_warps",
+                                             "num_stages", "interpret"))
 def gdn_chunk(
     q: jax.Array,  # [T, Hk, dk]
     k: jax.Array,  # [T, Hk, dk]
@@ -271,28 +297,32 @@ def gdn_chunk(
     slot_ids: jax.Array,  # [S] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
-    block_v: int = 64,
+    state_block_v: int = 64,
+    output_block_v: int = 64,
+    inverse: str = "rows",
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32, state_pool
     """Chunked gated delta rule over a packed ragged batch; the state pool is updated in place when donated.
 
-    q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16; block_v (a power of two >= 16
-    dividing dv) is the slice of the state's dv columns one program of the recurrence carries.
+    q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16. The state pass's programs each
+    carry ``state_block_v`` of the state's dv columns, the output pass's each write ``output_block_v`` columns
+    of O (powers of two >= 16; capped at dv).
     """
     num_tokens, num_k_heads, dk = q.shape
     num_v_heads, dv = v.shape[1], v.shape[2]
     num_seqs = slot_ids.shape[0]
     group = num_v_heads // num_k_heads
-    block_v = min(block_v, dv)
-    if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
-        raise ValueError(f"block_v must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
+    state_block_v, output_block_v = min(state_block_v, dv), min(output_block_v, dv)
+    for name, block_v in (("state_block_v", state_block_v), ("output_block_v", output_block_v)):
+        if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
+            raise ValueError(f"{name} must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
     cu = cu_seqlens.astype(jnp.int32)
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
     w, u, gc = pl.pallas_call(
-        functools.partial(_prepare_kernel, group=group),
+        functools.partial(_prepare_kernel, group=group, inverse=inverse),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dk), q.dtype),  # W
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # U
@@ -308,13 +338,13 @@ def gdn_chunk(
 
     num_slots = num_tokens // CHUNK + num_seqs + 1  # chunk slots: every sequence's and the padding's
     v_new, chunk_states, state_pool = pl.pallas_call(
-        functools.partial(_state_kernel, group=group, block_v=block_v),
+        functools.partial(_state_kernel, group=group, block_v=state_block_v),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # V'
             jax.ShapeDtypeStruct((num_slots, num_v_heads, dk, dv), q.dtype),  # state at each chunk's start
             jax.ShapeDtypeStruct(state_pool.shape, F32),
         ),
-        grid=(num_seqs, num_v_heads, dv // block_v),
+        grid=(num_seqs, num_v_heads, dv // state_block_v),
         in_specs=[pl.no_block_spec] * 7,
         out_specs=(pl.no_block_spec,) * 3,
         input_output_aliases={6: 2},
@@ -324,9 +354,9 @@ def gdn_chunk(
     )(cu, slot_ids.astype(jnp.int32), k, w, u, gc, state_pool)
 
     o = pl.pallas_call(
-        functools.partial(_output_kernel, group=group, block_v=block_v),
+        functools.partial(_output_kernel, group=group, block_v=output_block_v),
         out_shape=jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), F32),
-        grid=(num_slots, num_v_heads, dv // block_v),
+        grid=(num_slots, num_v_heads, dv // output_block_v),
         in_specs=[pl.no_block_spec] * 6,
         out_specs=pl.no_block_spec,
         interpret=interpret,

@@ -40,6 +40,11 @@ def make_engine(model, **kw):
     return Engine(model, EngineConfig(**options)).start()
 
 
+def test_decode_sizes_checked():
+    with pytest.raises(ValueError, match="decode_sizes"):
+        EngineConfig(max_batch=4, decode_sizes=(2, 8))
+
+
 def tokens(handle):
     return [e.token_id for e in handle if e.token_id is not None]
 
@@ -144,8 +149,10 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
 
 
 def test_nothing_compiles_while_serving(model, prompts, caplog):
-    """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs."""
-    engine = make_engine(model, decode_steps=3)
+    """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs; batches
+    of 1 and 2 run in the smallest chosen decode size that holds them."""
+    engine = make_engine(model, decode_steps=3, decode_sizes=(3,))
+    assert engine.config.decode_buckets == (3, 4)  # max_batch is always a size
     # One program per shape bucket: the warm-up compiled against the released pools' shapes, and its run of
     # each program on the re-allocated pools used those compilations.
     assert all(step._cache_size() == len(engine.config.decode_buckets) for step in engine._decode.values())

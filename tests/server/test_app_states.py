@@ -96,7 +96,8 @@ def test_parse_defaults():
 
 
 def test_settings_from_env_round_trip():
-    settings = Settings(model_path="/m", max_batch=4, api_key="k", default_chat_template_kwargs={"enable_thinking": 0})
+    settings = Settings(model_path="/m", max_batch=4, api_key="k", decode_sizes=(1, 4),
+                        default_chat_template_kwargs={"enable_thinking": 0})
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env({}) == Settings()
     with pytest.raises(ValueError, match="HYBRID_JAX_MAX_BATCH"):
