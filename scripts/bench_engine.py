@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--decode-steps", type=int, default=1, help="decode steps per engine call")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--memory-utilization", type=float, default=0.85,
+                        help="share of free device memory for state slots + KV pages")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ready_start = time.monotonic()
@@ -56,7 +58,7 @@ def main() -> None:
     max_batch = max(args.concurrency)
     config = EngineConfig(max_batch=max_batch, max_model_len=args.prompt_len + args.output_len + 16, page_size=16,
                           prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
-                          memory_utilization=0.85, decode_steps=args.decode_steps,
+                          memory_utilization=args.memory_utilization, decode_steps=args.decode_steps,
                           decode_sizes=tuple(args.concurrency),  # one decode program per level measured
                           tensor_parallel_size=args.tensor_parallel_size)
     engine = Engine(model, config, valid_vocab=248_077).start()
