@@ -1,7 +1,9 @@
 """Pallas kernels for the one-token gated-delta-rule decode over state slots, in place.
 
-Same signatures and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton lowering
-(the `pallas_call` GPU default in jax 0.11/0.12) and runnable with `interpret=True` on CPU.
+Same signatures and semantics as `reference.py` (plus tuning keywords), except on padded rows (slot 0): the
+kernels skip them, with zero output and no pool touched, so a padded batch costs no state traffic.
+Written for Pallas' Triton lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with
+`interpret=True` on CPU.
 
 The step is bandwidth bound: per value head a [dk, dv] fp32 state (64 KiB at 128 x 128) is read once,
 decayed, corrected with one rank-1 write and stored once, for ~4 flops per element. The pools are aliased
@@ -67,14 +69,22 @@ def _decode_kernel(
     b, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hk = h // group
     cols = pl.ds(vb * block_v, block_v)
-    o_ref[b, h, cols] = _update_state(
-        state_ref.at[slot_ref[b], h, :, cols],
-        q_ref[b, hk, :].astype(F32),
-        k_ref[b, hk, :].astype(F32),
-        v_ref[b, h, cols].astype(F32),
-        g_ref[b, h].astype(F32),
-        beta_ref[b, h].astype(F32),
-    )
+    slot = slot_ref[b]
+
+    @pl.when(slot != 0)
+    def _real_row():
+        o_ref[b, h, cols] = _update_state(
+            state_ref.at[slot, h, :, cols],
+            q_ref[b, hk, :].astype(F32),
+            k_ref[b, hk, :].astype(F32),
+            v_ref[b, h, cols].astype(F32),
+            g_ref[b, h].astype(F32),
+            beta_ref[b, h].astype(F32),
+        )
+
+    @pl.when(slot == 0)
+    def _padding_row():
+        o_ref[b, h, cols] = jnp.zeros((block_v,), F32)
 
 
 def _check_block_v(block_v: int, dv: int) -> None:
@@ -165,22 +175,30 @@ def _fused_kernel(
         x = sum(window[j].astype(F32) * w_ref[j, ch].astype(F32) for j in range(width))
         return x * jax.nn.sigmoid(x), window[1:]
 
-    convs = [conv_silu(ch) for ch in channels]
-    if barrier:  # every read of the old window precedes the writes of the shifted one
-        plgpu.debug_barrier()
-    for ch, (_, shifted) in zip(channels, convs, strict=True):
-        for j, column in enumerate(shifted):
-            conv_ref[slot, j, ch] = column.astype(conv_ref.dtype)
+    @pl.when(slot != 0)
+    def _real_row():
+        convs = [conv_silu(ch) for ch in channels]
+        if barrier:  # every read of the old window precedes the writes of the shifted one
+            plgpu.debug_barrier()
+        for ch, (_, shifted) in zip(channels, convs, strict=True):
+            for j, column in enumerate(shifted):
+                conv_ref[slot, j, ch] = column.astype(conv_ref.dtype)
 
-    q = l2_normalize(convs[0][0]) * head_k_dim**-0.5  # [dk]
-    k = l2_normalize(convs[1][0])  # [dk]
-    v_blocks = iter(x for x, _ in convs[2:])  # [bv] each, in the order of the loops below
-    for h in heads:
-        g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
-        beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
-        for c in range(0, head_v_dim, block_v):
-            cols = pl.ds(c, block_v)
-            o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, next(v_blocks), g, beta)
+        q = l2_normalize(convs[0][0]) * head_k_dim**-0.5  # [dk]
+        k = l2_normalize(convs[1][0])  # [dk]
+        v_blocks = iter(x for x, _ in convs[2:])  # [bv] each, in the order of the loops below
+        for h in heads:
+            g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(
+                a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
+            beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
+            for c in range(0, head_v_dim, block_v):
+                cols = pl.ds(c, block_v)
+                o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, next(v_blocks), g, beta)
+
+    @pl.when(slot == 0)
+    def _padding_row():
+        for h in heads:
+            o_ref[b, h, :] = jnp.zeros((head_v_dim,), F32)
 
 
 @functools.partial(

@@ -92,6 +92,13 @@ class Step:
         np.testing.assert_array_equal(got[keep], original[keep])
 
 
+def _assert_padding_skipped(o, pools):
+    """The kernels skip padded rows (slot 0, rows 4 on): zero output, the null slot untouched."""
+    np.testing.assert_array_equal(np.asarray(o[4:]), 0)
+    for got, original in pools:
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(original[0]))
+
+
 def _assert_close(got, want, tol=TOL):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol)
 
@@ -168,6 +175,7 @@ def test_decode_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuni
     o, pool = gd.gdn_decode(*step.args(), impl=impl, **tuning)
     _assert_close(o[:4], o_want[:4])
     step.check_pool(pool, pool_want, step.state_pool)
+    _assert_padding_skipped(o, [(pool, step.state_pool)])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -180,6 +188,7 @@ def test_fused_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tunin
     _assert_close(o[:4], o_want[:4])
     step.check_pool(conv, conv_want, args[-2])
     step.check_pool(state, state_want, args[-1])
+    _assert_padding_skipped(o, [(conv, args[-2]), (state, args[-1])])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
