@@ -102,14 +102,15 @@ def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
             "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels}
 
 
-def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, inverse: str,
+def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, inverse: str, prefetch: bool,
                     num_warps: int) -> dict:
     """One tile configuration of gdn_chunk: its error against the XLA reference (bf16 inputs) and its times."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"], seed=1)
     pool = jax.random.normal(jax.random.PRNGKey(2), (2, s["hv"], D, D), jnp.float32)
     cu, slots = jnp.asarray([0, t], jnp.int32), jnp.asarray([1], jnp.int32)
-    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps, inverse=inverse)
+    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps, inverse=inverse,
+                  prefetch=prefetch)
     o, new_pool = gdn_chunk(q, k, v, g, beta, cu, slots, pool, impl="kernel", **tuning)
     o_ref, pool_ref = jax.jit(functools.partial(gdn_chunk, impl="reference"))(q, k, v, g, beta, cu, slots, pool)
     errors = {"o_max_abs_error": float(jnp.max(jnp.abs(o - o_ref))), "o_max_abs": float(jnp.max(jnp.abs(o_ref))),
@@ -223,8 +224,9 @@ def main() -> None:
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.chunk_sweep:
         # The three kernels time separately (device_us): each triple varies all three, every option appears.
-        tiles = [(16, 128, "doubling"), (32, 64, "rows"), (64, 128, "rows")]
-        cases = [(sweep_gdn_chunk, "9b", 8192, *tile, w) for tile in tiles for w in (4, 8)]
+        tiles = [(16, 128, "doubling", True), (32, 128, "doubling", True), (32, 128, "doubling", False),
+                 (64, 128, "doubling", True)]
+        cases = [(sweep_gdn_chunk, "9b", 8192, *tile, 4) for tile in tiles]
     elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 64)
                  for bv in (32, 64, 128) for w in (4, 8)]

@@ -204,14 +204,9 @@ def _store_rows(ref, rows: jax.Array, ok: jax.Array, head, cols: jax.Array, x: j
     plgpu.store(ref.at[out[:, None], head, cols], x.astype(ref.dtype), mask=jnp.broadcast_to(ok[:, None], x.shape))
 
 
-def _last_gc(gc: jax.Array, rows_in_chunk: jax.Array) -> jax.Array:
-    """gc [C] -> gc of the chunk's last token (row rows_in_chunk - 1)."""
-    return jnp.sum(jnp.where(jnp.arange(CHUNK, dtype=jnp.int32) == rows_in_chunk - 1, gc, 0.0))
-
-
 def _state_kernel(
     cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, vnew_ref, h_ref, state_ref, *, group: int,
-    block_v: int
+    block_v: int, prefetch: bool
 ):
     """Program (sequence s, value head h, dv block): the state recurrence of s, sequential over its chunks.
 
@@ -231,24 +226,34 @@ def _state_kernel(
     def _():
         dtype = k_ref.dtype
         state_view = state_ref.at[slot_ref[s], h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
+        num_chunks = _div(end - start + CHUNK - 1, CHUNK)
 
-        def chunk_step(c, state):  # state [dk, bv] fp32
+        def chunk_inputs(c):  # what chunk c reads besides the state: (k, w [C, dk], u [C, bv], gc [C], gc_last)
             first = start + c * CHUNK
             ok = first + r < end  # [C]
             tok = jnp.where(ok, first + r, first)  # [C], in bounds
-            k, w = _load_rows(k_ref, tok, ok, hk, cols_k), _load_rows(w_ref, tok, ok, h, cols_k)  # [C, dk]
-            u = _load_rows(u_ref, tok, ok, h, cols_v).astype(F32)  # [C, bv]
-            gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
-            gc_last = _last_gc(gc, jnp.minimum(end - first, CHUNK))
+            k, w = _load_rows(k_ref, tok, ok, hk, cols_k), _load_rows(w_ref, tok, ok, h, cols_k)
+            u = _load_rows(u_ref, tok, ok, h, cols_v)
+            gc = jnp.where(ok, gc_ref[tok, h], 0.0)
+            return k, w, u, gc, gc_ref[jnp.minimum(first + CHUNK, end) - 1, h]
+
+        def chunk_step(c, carry):  # state [dk, bv] fp32, and chunk c's inputs
+            state, (k, w, u, gc, gc_last) = carry
+            if prefetch:  # the next chunk's loads in flight during this chunk's products
+                next_inputs = chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))
+            first = start + c * CHUNK
+            ok = first + r < end  # [C]
+            tok = jnp.where(ok, first + r, first)  # [C], in bounds
             s_op = state.astype(dtype)
             h_ref[first_slot + c, h, :, pl.ds(vb * block_v, block_v)] = s_op.astype(h_ref.dtype)
-            v_new = (u - _dot(w, s_op)).astype(dtype)  # [C, bv]
+            v_new = (u.astype(F32) - _dot(w, s_op)).astype(dtype)  # [C, bv]
             _store_rows(vnew_ref, tok, ok, h, cols_v, v_new)
             k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
-            return state * jnp.exp(gc_last) + _dot(k_decayed, v_new, (0, 0))
+            state = state * jnp.exp(gc_last) + _dot(k_decayed, v_new, (0, 0))
+            return state, next_inputs if prefetch else chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))
 
-        num_chunks = _div(end - start + CHUNK - 1, CHUNK)
-        state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
+        state, _ = lax.fori_loop(0, num_chunks, chunk_step, (state_view[...], chunk_inputs(0)))
+        state_view[...] = state
 
 
 def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, group: int, block_v: int):
@@ -285,7 +290,7 @@ def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, grou
         _store_rows(o_ref, tok, ok, h, cols_v, jnp.zeros((CHUNK, block_v), F32))
 
 
-@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "inverse", "num_warps",
+@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "inverse", "prefetch", "num_warps",
                                              "num_stages", "interpret"))
 def gdn_chunk(
     q: jax.Array,  # [T, Hk, dk]
@@ -300,6 +305,7 @@ def gdn_chunk(
     state_block_v: int = 64,
     output_block_v: int = 64,
     inverse: str = "rows",
+    prefetch: bool = False,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -338,7 +344,7 @@ def gdn_chunk(
 
     num_slots = num_tokens // CHUNK + num_seqs + 1  # chunk slots: every sequence's and the padding's
     v_new, chunk_states, state_pool = pl.pallas_call(
-        functools.partial(_state_kernel, group=group, block_v=state_block_v),
+        functools.partial(_state_kernel, group=group, block_v=state_block_v, prefetch=prefetch),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # V'
             jax.ShapeDtypeStruct((num_slots, num_v_heads, dk, dv), q.dtype),  # state at each chunk's start

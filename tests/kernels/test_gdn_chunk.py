@@ -117,7 +117,7 @@ def test_reference_long_sequence():
 
 KERNEL_CASES = [  # seed, Hk, Hv, dk, dv, dtype, tuning
     (2, 2, 4, 16, 32, jnp.float32, dict(state_block_v=16)),  # group 2, dk != dv, two dv blocks of the state
-    (9, 2, 4, 32, 32, jnp.float32, dict(output_block_v=16, inverse="doubling")),  # two dv blocks of the output
+    (9, 2, 4, 32, 32, jnp.float32, dict(output_block_v=16, inverse="doubling", prefetch=True)),  # 2 output dv blocks
     (3, 1, 3, 32, 16, jnp.float32, {}),  # group 3
     (4, 2, 4, 32, 32, jnp.bfloat16, {}),
 ]
