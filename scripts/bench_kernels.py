@@ -63,9 +63,25 @@ def gdn_inputs(t: int, hk: int, hv: int, seed: int = 0):
     return q, k, v, g, beta
 
 
+def torch_device_us(fn, calls: int = 10) -> float:
+    """Device time of one ``fn()`` call (microseconds): its CUDA kernels summed, from torch.profiler."""
+    import torch
+    from torch.autograd import DeviceType
+
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / calls
+
+
 @functools.cache
-def fla_chunk_ms(size: str, t: int) -> float | None:
-    """fla's chunk_gated_delta_rule on the inputs of `bench_gdn_chunk` (keys repeated per value head), ms."""
+def fla_chunk(size: str, t: int) -> tuple[float | None, float | None]:
+    """fla's chunk_gated_delta_rule on the inputs of `bench_gdn_chunk` (keys repeated per value head): ms with
+    do_bench (launches back to back: device time unless the host is slower) and its kernels' device us."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"])
     try:
@@ -75,12 +91,16 @@ def fla_chunk_ms(size: str, t: int) -> float | None:
         tq, tk = (torch.from_dlpack(jnp.repeat(x, s["hv"] // s["hk"], axis=1)[None]) for x in (q, k))
         tv, tg, tb = (torch.from_dlpack(x[None]) for x in (v, g, beta))
         state = torch.zeros(1, s["hv"], D, D, device="cuda", dtype=torch.float32)
-        seconds = time_torch(lambda: chunk_gated_delta_rule(tq, tk, tv, tg, tb, scale=1.0, initial_state=state,
-                                                            output_final_state=True))
+
+        def call():
+            return chunk_gated_delta_rule(tq, tk, tv, tg, tb, scale=1.0, initial_state=state, output_final_state=True)
+
+        seconds = time_torch(call)
+        device_us = torch_device_us(call)
     except Exception:
         traceback.print_exc()
-        return None
-    return None if seconds is None else seconds * 1e3
+        return None, None
+    return None if seconds is None else seconds * 1e3, device_us
 
 
 def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
@@ -95,22 +115,21 @@ def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
     ours = time_chained(lambda pool: step(q, k, v, g, beta, cu, slots, pool), (jnp.zeros_like(pool),))
     run = jax.jit(functools.partial(gdn_chunk, **tuning))
     kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(run, q, k, v, g, beta, cu, slots, pool)[:4]}
-    peer = fla_chunk_ms(size, t)
+    peer, peer_device_us = fla_chunk(size, t)
     flops = 4 * t * s["hv"] * D * D * 2  # order of the state and intra-chunk matmuls
     shape = f"T={t}" + "".join(f" {k}={v}" for k, v in tuning.items())
     return {"op": "gdn_chunk", "size": size, "shape": shape, "ours_ms": ours * 1e3,
-            "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels}
+            "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels,
+            "peer_device_us": peer_device_us}
 
 
-def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, inverse: str, prefetch: bool,
-                    num_warps: int) -> dict:
+def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, num_warps: int) -> dict:
     """One tile configuration of gdn_chunk: its error against the XLA reference (bf16 inputs) and its times."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"], seed=1)
     pool = jax.random.normal(jax.random.PRNGKey(2), (2, s["hv"], D, D), jnp.float32)
     cu, slots = jnp.asarray([0, t], jnp.int32), jnp.asarray([1], jnp.int32)
-    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps, inverse=inverse,
-                  prefetch=prefetch)
+    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps)
     o, new_pool = gdn_chunk(q, k, v, g, beta, cu, slots, pool, impl="kernel", **tuning)
     o_ref, pool_ref = jax.jit(functools.partial(gdn_chunk, impl="reference"))(q, k, v, g, beta, cu, slots, pool)
     errors = {"o_max_abs_error": float(jnp.max(jnp.abs(o - o_ref))), "o_max_abs": float(jnp.max(jnp.abs(o_ref))),
@@ -223,10 +242,9 @@ def main() -> None:
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.chunk_sweep:
-        # The three kernels time separately (device_us): each triple varies all three, every option appears.
-        tiles = [(16, 128, "doubling", True), (32, 128, "doubling", True), (32, 128, "doubling", False),
-                 (64, 128, "doubling", True)]
-        cases = [(sweep_gdn_chunk, "9b", 8192, *tile, 4) for tile in tiles]
+        # The kernels time separately (device_us): the state pass's and the output pass's widths vary together.
+        cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, w) for sbv, obv in ((16, 64), (32, 128), (64, 128))
+                 for w in (4, 8)]
     elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 64)
                  for bv in (32, 64, 128) for w in (4, 8)]
@@ -264,7 +282,11 @@ def main() -> None:
             kernels = " ".join(f"{name.removeprefix('gdn_chunk_')}={us}" for name, us in r["device_us"].items())
             error = (f" | o err {r['o_max_abs_error']:.2g}/{r['o_max_abs']:.2g} state err "
                      f"{r['state_max_abs_error']:.2g}/{r['state_max_abs']:.2g}" if "o_max_abs_error" in r else "")
-            print(f"{r['size']} {r['shape']}: device us {kernels}{error}")
+            peer = ""
+            if r.get("peer_device_us"):
+                ours_us = sum(us for name, us in r["device_us"].items() if name.startswith("gdn_chunk"))
+                peer = f" | fla {r['peer_device_us']:.1f} us: peer/ours {r['peer_device_us'] / ours_us:.2f}"
+            print(f"{r['size']} {r['shape']}: device us {kernels}{error}{peer}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ from hybrid_jax.engine.steps import (
 from hybrid_jax.layers.linear import few_row_kernel
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
-from pallas_kernels.gemv import rows_computed
 
 log = logging.getLogger("hybrid_jax.engine")
 MAX_COMPILE_THREADS = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does not)
@@ -201,10 +200,6 @@ class Engine:
         # (11.3 ms with one step per call) and 27B at tp=2 ran out of memory at run time asking for a block the
         # size of one layer's K pool: XLA appears to copy the pools around the sharded Pallas calls in the loop.
         self.decode_steps = config.decode_steps if self.mesh is None else 1
-        # Decode batch sizes compiled: the configured ones, each as the projection kernel computes it (a batch
-        # padded once here, not at each of a step's ~130 projections; the GDN kernels skip padded rows).
-        rows = rows_computed if self.mesh is None else (lambda n: n)  # under a mesh the projections are XLA's
-        self.decode_buckets = tuple(sorted({rows(size) for size in config.decode_buckets}))
         if self.decode_steps > 1:
             self._decode[True, self.decode_steps] = jax.jit(
                 partial(self._run_decode_step, multi_decode_step, num_steps=self.decode_steps, greedy_only=True,
@@ -286,7 +281,7 @@ class Engine:
         room for when several programs compile at once."""
         programs = [(f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", self._decode[greedy, steps],
                      self.decode_batch([], size))
-                    for size in self.decode_buckets for greedy, steps in self._decode]
+                    for size in self.config.decode_buckets for greedy, steps in self._decode]
         programs += [(f"prefill T={size}", self._prefill, self.prefill_batch([], size))
                      for size in self.config.prefill_buckets]
 
@@ -432,7 +427,7 @@ class Engine:
         """Queue one decode call over ``requests`` (padded to their batch bucket); ``after``: the call in flight
         for the same requests, whose last samples are this call's input tokens (read on the device, so the host
         does not wait for them)."""
-        size = self.decode_buckets[bisect.bisect_left(self.decode_buckets, len(requests))]
+        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
         batch = self.decode_batch(requests, size, ahead=0 if after is None else after.steps)
         if after is not None:
             batch = batch._replace(tokens=after.last_tokens)

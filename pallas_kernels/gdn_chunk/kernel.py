@@ -17,18 +17,25 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
 1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all
    chunks of all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots
    `cu[s] // C + s` onwards (T // C + S slots bound the batch); a program finds its sequence by binary
-   search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): the diagonal blocks are
-   inverted by forward substitution over their 16 rows (fp32, all four in one loop), the blocks below by
-   block substitution `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
+   search over `cu_seqlens`. T is built from 16 x 16 blocks (tl.dot's minimum): each diagonal block by
+   the doubling product (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8) (A^16 = 0: six fp32 products
+   instead of 15 dependent row steps of forward substitution), the blocks below by block substitution
+   `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of block products.
 2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
    of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
    are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
-   chunk's starting state, two products and nothing else on the sequential path. It reads the state from
-   its slot and writes it back in place (the pool is aliased input -> output).
+   chunk's starting state, two products and nothing else on the sequential path; the next chunk's k, w,
+   u, gc are loaded before this chunk's products, so their latency hides behind them. It reads the state
+   from its slot and writes it back in place (the pool is aliased input -> output).
 3. `_output_kernel`, grid (chunk slot, value head, dv block): O of every chunk in parallel, from the
    stored starting state and V'; chunks of padding tokens (past `cu_seqlens[S]`) get zeros.
 
-Why the Triton lowering (to be confirmed by measurement on the H200):
+Tiles, from `scripts/bench_kernels.py --chunk-sweep` (H200, 9B shapes, T = 8192, device time per kernel):
+state pass 32 dv columns a program 309 us (16: 387, 64: 876; 340 without the prefetch); output pass 128
+columns 234 us (64: 333); prepare 225 us with the doubling inverse (347 with forward substitution); 8 warps
+slower in every kernel.
+
+Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
   Mosaic GPU moves rectangular boxes, which chunks of ragged sequences are not without a copy per sequence).
 - The matmuls are small (64 x 64 x 128 per chunk, 16 x 16 blocks in the solve): Triton's mma.sync
@@ -72,27 +79,6 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.
 
 
 def _unit_lower_inverses(blocks: list[jax.Array]) -> list[jax.Array]:  # each [n, n] fp32
-    """(I + a)^-1 of each strictly lower triangular a [n, n] fp32, by forward substitution over its rows.
-
-    One loop over the rows updates every block: the blocks' dependency chains are independent, so their
-    latencies overlap instead of adding up."""
-    n = blocks[0].shape[0]
-    rows = jnp.arange(n, dtype=jnp.int32)[:, None]  # [n, 1]
-    cols = jnp.arange(n, dtype=jnp.int32)[None, :]  # [1, n]
-
-    def row_step(i, invs):  # rows < i of each inverse are final; row i = e_i - sum_{j<i} a_ij inv_j
-        out = []
-        for a, inv in zip(blocks, invs, strict=True):
-            a_i = jnp.sum(jnp.where(rows == i, a, 0.0), axis=0)  # [n], row i of a (zero from column i on)
-            row = jnp.where(cols[0] == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * inv, axis=0)  # [n]
-            out.append(jnp.where(rows == i, row[None, :], inv))
-        return tuple(out)
-
-    identity = (rows == cols).astype(F32)
-    return list(lax.fori_loop(1, n, row_step, (identity,) * len(blocks)))
-
-
-def _unit_lower_inverses_doubling(blocks: list[jax.Array]) -> list[jax.Array]:  # each [n, n] fp32
     """(I + a)^-1 = (I - a)(I + a^2)(I + a^4)...(I + a^(n/2)) of each strictly lower triangular a (a^n = 0):
     2 log2(n) - 2 fp32 products a block instead of n - 1 dependent row steps."""
     n = blocks[0].shape[0]
@@ -123,7 +109,7 @@ def _find_chunk(cu_ref, p: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lo, p - first_slot(lo)
 
 
-def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref, *, group: int, inverse: str):
+def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref, *, group: int):
     """Program (chunk slot p, value head h): gc, W and U of one chunk (see the module docstring)."""
     p, h = pl.program_id(0), pl.program_id(1)
     num_tokens, _, dk = k_ref.shape
@@ -166,8 +152,7 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
             return beta[i][:, None] * _dot(k[i], k[j], (1, 1)) * jnp.exp(diff)
 
         a = {(i, j): a_block(i, j) for i in range(NUM_BLOCKS) for j in range(i + 1)}
-        invert = _unit_lower_inverses if inverse == "rows" else _unit_lower_inverses_doubling
-        diagonal = invert([a[i, i] for i in range(NUM_BLOCKS)])
+        diagonal = _unit_lower_inverses([a[i, i] for i in range(NUM_BLOCKS)])
         t_blk = {(i, i): diagonal[i] for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
         for i in range(1, NUM_BLOCKS):
             for j in range(i):
@@ -206,7 +191,7 @@ def _store_rows(ref, rows: jax.Array, ok: jax.Array, head, cols: jax.Array, x: j
 
 def _state_kernel(
     cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, vnew_ref, h_ref, state_ref, *, group: int,
-    block_v: int, prefetch: bool
+    block_v: int
 ):
     """Program (sequence s, value head h, dv block): the state recurrence of s, sequential over its chunks.
 
@@ -239,8 +224,7 @@ def _state_kernel(
 
         def chunk_step(c, carry):  # state [dk, bv] fp32, and chunk c's inputs
             state, (k, w, u, gc, gc_last) = carry
-            if prefetch:  # the next chunk's loads in flight during this chunk's products
-                next_inputs = chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))
+            next_inputs = chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))  # in flight during the products
             first = start + c * CHUNK
             ok = first + r < end  # [C]
             tok = jnp.where(ok, first + r, first)  # [C], in bounds
@@ -250,7 +234,7 @@ def _state_kernel(
             _store_rows(vnew_ref, tok, ok, h, cols_v, v_new)
             k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
             state = state * jnp.exp(gc_last) + _dot(k_decayed, v_new, (0, 0))
-            return state, next_inputs if prefetch else chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))
+            return state, next_inputs
 
         state, _ = lax.fori_loop(0, num_chunks, chunk_step, (state_view[...], chunk_inputs(0)))
         state_view[...] = state
@@ -290,8 +274,8 @@ def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, grou
         _store_rows(o_ref, tok, ok, h, cols_v, jnp.zeros((CHUNK, block_v), F32))
 
 
-@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "inverse", "prefetch", "num_warps",
-                                             "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "num_warps", "num_stages",
+                                             "interpret"))
 def gdn_chunk(
     q: jax.Array,  # [T, Hk, dk]
     k: jax.Array,  # [T, Hk, dk]
@@ -302,10 +286,8 @@ def gdn_chunk(
     slot_ids: jax.Array,  # [S] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
-    state_block_v: int = 64,
-    output_block_v: int = 64,
-    inverse: str = "rows",
-    prefetch: bool = False,
+    state_block_v: int = 32,
+    output_block_v: int = 128,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -328,7 +310,7 @@ def gdn_chunk(
     params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
     w, u, gc = pl.pallas_call(
-        functools.partial(_prepare_kernel, group=group, inverse=inverse),
+        functools.partial(_prepare_kernel, group=group),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dk), q.dtype),  # W
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # U
@@ -344,7 +326,7 @@ def gdn_chunk(
 
     num_slots = num_tokens // CHUNK + num_seqs + 1  # chunk slots: every sequence's and the padding's
     v_new, chunk_states, state_pool = pl.pallas_call(
-        functools.partial(_state_kernel, group=group, block_v=state_block_v, prefetch=prefetch),
+        functools.partial(_state_kernel, group=group, block_v=state_block_v),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # V'
             jax.ShapeDtypeStruct((num_slots, num_v_heads, dk, dv), q.dtype),  # state at each chunk's start

@@ -26,14 +26,6 @@ def _unsupported(rows: int, k: int, weights: tuple[jax.Array, ...]) -> str | Non
     return None
 
 
-def rows_computed(rows: int) -> int:
-    """The rows "auto" computes for ``rows`` rows: the kernel pads to a power of two >= 16 (a tensor-core tile),
-    XLA's dot computes them as they are. A caller that pads its batch to this once saves a pad per projection."""
-    if kernel_mode("gemv", "auto", None) is None or rows > MAX_ROWS:
-        return rows
-    return max(kernel.MIN_ROWS, 1 << (rows - 1).bit_length())
-
-
 def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: Impl = "auto",
          **tuning) -> tuple[jax.Array, ...]:
     """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: the weight's dtype),
@@ -49,4 +41,4 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
-__all__ = ["Impl", "MAX_ROWS", "gemv", "rows_computed"]
+__all__ = ["Impl", "MAX_ROWS", "gemv"]

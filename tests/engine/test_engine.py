@@ -61,19 +61,6 @@ def test_greedy_matches_plain_model(model, prompts, reference, chunk, steps):
         engine.shutdown()
 
 
-def test_decode_batches_padded_past_max_batch(model, prompts, reference, monkeypatch):
-    """Where the projection kernel computes at least 8 rows (16 on a GPU), every decode batch runs as 8 rows,
-    more than the engine has slots: the padding rows touch only the null slot and page."""
-    monkeypatch.setattr("hybrid_jax.engine.engine.rows_computed", lambda rows: max(rows, 8))
-    engine = make_engine(model, decode_steps=2)
-    assert engine.decode_buckets == (8,)
-    try:
-        handles = [engine.submit(p, GREEDY) for p in prompts[:5]]
-        assert [tokens(h) for h in handles] == reference[:5]
-    finally:
-        engine.shutdown()
-
-
 def test_mid_flight_arrivals_and_cancellation(model, prompts, reference):
     engine = make_engine(model)
     try:
@@ -168,7 +155,7 @@ def test_nothing_compiles_while_serving(model, prompts, caplog):
     assert engine.config.decode_buckets == (3, 4)  # max_batch is always a size
     # One program per shape bucket: the warm-up compiled against the released pools' shapes, and its run of
     # each program on the re-allocated pools used those compilations.
-    assert all(step._cache_size() == len(engine.decode_buckets) for step in engine._decode.values())
+    assert all(step._cache_size() == len(engine.config.decode_buckets) for step in engine._decode.values())
     assert engine._prefill._cache_size() == len(engine.config.prefill_buckets)
     try:
         with caplog.at_level(logging.WARNING), jax.log_compiles(True):

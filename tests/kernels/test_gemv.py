@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gemv import MAX_ROWS, gemv, rows_computed
+from pallas_kernels.gemv import MAX_ROWS, gemv
 from pallas_kernels.gemv.kernel import plan
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -67,10 +67,3 @@ def test_auto_falls_back_beyond_its_shapes():
     with pytest.raises(ValueError, match="multiples of 16"):
         gemv(x[:2, :60], (weights[0][:60],), impl="interpret")
 
-
-def test_rows_computed():
-    """The kernel's tile rows on a GPU (powers of two >= 16 up to MAX_ROWS); rows as given where XLA runs."""
-    if ON_GPU:
-        assert [rows_computed(n) for n in (1, 16, 17, 64, 65)] == [16, 16, 32, 64, 65]
-    else:
-        assert [rows_computed(n) for n in (1, 17, 65)] == [1, 17, 65]
