@@ -1,13 +1,15 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
-    python scripts/bench_kernels.py [--out bench_kernels.json] [--quick]
+    python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
 attention. Shapes are Qwen3.5-9B and -27B's (dk = dv = 128, Hk = 16, Hv = 32 / 48; attention Hq 16 / 24,
 Hkv 4, hd 256). Inputs are random (bf16 q/k/v, fp32 state); speed does not depend on the values.
-JAX code is timed with block_until_ready after warm-up; medians of many runs. The decode kernels are timed
-as the engine runs them: calls queued back to back on donated pools, so the time is the device's.
+gdn_chunk and the decode kernels are timed as the engine runs them: calls queued back to back on donated
+pools, so the time is the device's. fla's chunk_gated_delta_rule launches several kernels from Python, so
+do_bench can time its host; it is also timed replayed as a CUDA graph (its device time). Paged attention
+is timed with block_until_ready after warm-up. Medians of many runs.
 """
 
 from __future__ import annotations
@@ -63,25 +65,30 @@ def gdn_inputs(t: int, hk: int, hv: int, seed: int = 0):
     return q, k, v, g, beta
 
 
-def torch_device_us(fn, calls: int = 10) -> float:
-    """Device time of one ``fn()`` call (microseconds): its CUDA kernels summed, from torch.profiler."""
+def torch_graph_ms(fn) -> float | None:
+    """Milliseconds of ``fn()`` replayed as a captured CUDA graph: its kernels' time without the host's
+    launches (the counterpart of our calls queued back to back). None when fn cannot be captured."""
     import torch
-    from torch.autograd import DeviceType
 
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up (autotuning) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
             fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sum(e.time_range.elapsed_us() for e in kernels) / calls
+    except RuntimeError:
+        traceback.print_exc()
+        return None
+    return time_torch(graph.replay) * 1e3
 
 
 @functools.cache
 def fla_chunk(size: str, t: int) -> tuple[float | None, float | None]:
-    """fla's chunk_gated_delta_rule on the inputs of `bench_gdn_chunk` (keys repeated per value head): ms with
-    do_bench (launches back to back: device time unless the host is slower) and its kernels' device us."""
+    """fla's chunk_gated_delta_rule on the inputs of `bench_gdn_chunk` (keys repeated per value head), ms: with
+    do_bench (launches back to back: device time unless the host is slower) and replayed as a CUDA graph."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"])
     try:
@@ -96,11 +103,11 @@ def fla_chunk(size: str, t: int) -> tuple[float | None, float | None]:
             return chunk_gated_delta_rule(tq, tk, tv, tg, tb, scale=1.0, initial_state=state, output_final_state=True)
 
         seconds = time_torch(call)
-        device_us = torch_device_us(call)
+        graph_ms = torch_graph_ms(call)
     except Exception:
         traceback.print_exc()
         return None, None
-    return None if seconds is None else seconds * 1e3, device_us
+    return None if seconds is None else seconds * 1e3, graph_ms
 
 
 def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
@@ -115,12 +122,12 @@ def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
     ours = time_chained(lambda pool: step(q, k, v, g, beta, cu, slots, pool), (jnp.zeros_like(pool),))
     run = jax.jit(functools.partial(gdn_chunk, **tuning))
     kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(run, q, k, v, g, beta, cu, slots, pool)[:4]}
-    peer, peer_device_us = fla_chunk(size, t)
+    peer, peer_graph_ms = fla_chunk(size, t)
     flops = 4 * t * s["hv"] * D * D * 2  # order of the state and intra-chunk matmuls
     shape = f"T={t}" + "".join(f" {k}={v}" for k, v in tuning.items())
     return {"op": "gdn_chunk", "size": size, "shape": shape, "ours_ms": ours * 1e3,
             "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels,
-            "peer_device_us": peer_device_us}
+            "peer_graph_ms": peer_graph_ms}
 
 
 def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, num_warps: int) -> dict:
@@ -282,11 +289,11 @@ def main() -> None:
             kernels = " ".join(f"{name.removeprefix('gdn_chunk_')}={us}" for name, us in r["device_us"].items())
             error = (f" | o err {r['o_max_abs_error']:.2g}/{r['o_max_abs']:.2g} state err "
                      f"{r['state_max_abs_error']:.2g}/{r['state_max_abs']:.2g}" if "o_max_abs_error" in r else "")
-            peer = ""
-            if r.get("peer_device_us"):
-                ours_us = sum(us for name, us in r["device_us"].items() if name.startswith("gdn_chunk"))
-                peer = f" | fla {r['peer_device_us']:.1f} us: peer/ours {r['peer_device_us'] / ours_us:.2f}"
-            print(f"{r['size']} {r['shape']}: device us {kernels}{error}{peer}")
+            print(f"{r['size']} {r['shape']}: device us {kernels}{error}")
+    for r in rows:  # fla without its host launches (a CUDA graph) against our calls queued back to back
+        if r.get("peer_graph_ms"):
+            print(f"{r['size']} {r['shape']}: fla as a CUDA graph {r['peer_graph_ms']:.3f} ms, ours "
+                  f"{r['ours_ms']:.3f} ms: peer/ours {r['peer_graph_ms'] / r['ours_ms']:.2f}")
 
 
 if __name__ == "__main__":
