@@ -1,5 +1,6 @@
 """Shared test set-up: eight fake CPU devices and a persistent JAX compilation cache."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -7,6 +8,31 @@ from pathlib import Path
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", str(Path(__file__).resolve().parent.parent / ".jax_cache"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+class CompileLog:
+    """JAX compiles logged in any thread (a `jax.log_compiles()` context is thread-local: the engine's own
+    thread would not see it)."""
+
+    def __init__(self, caplog):
+        self.caplog = caplog
+
+    def clear(self) -> None:
+        self.caplog.clear()
+
+    def messages(self) -> list[str]:
+        return [r.getMessage() for r in self.caplog.records if r.getMessage().startswith("Compiling")]
+
+
+@pytest.fixture
+def compile_log(caplog):
+    jax.config.update("jax_log_compiles", True)
+    caplog.set_level(logging.WARNING)
+    try:
+        yield CompileLog(caplog)
+    finally:
+        jax.config.update("jax_log_compiles", False)

@@ -167,8 +167,9 @@ class Engine:
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages, tp=tp)
         shapes = pool_shapes(model.config, self.layout, model.dtype, vocab, stored_kv_heads(model.config, tp))
-        self._pool_shardings = None
+        self._pool_shardings = self._batch_sharding = None
         if self.mesh is not None:
+            self._batch_sharding = NamedSharding(self.mesh, PartitionSpec())
             self._pool_shardings = jax.tree.map(lambda p: NamedSharding(self.mesh, p), pool_specs(model.config),
                                                 is_leaf=lambda x: isinstance(x, PartitionSpec))
         self.pools = allocate_pools(shapes, self._pool_shardings)
@@ -187,7 +188,7 @@ class Engine:
             # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
             # so a chained decode call's input tokens (the previous call's output) have the sharding the warm-up
             # compiled for, whatever GSPMD would have chosen for that output.
-            replicated = NamedSharding(self.mesh, PartitionSpec())
+            replicated = self._batch_sharding
             weight_shardings = tuple(w.sharding for w in self._weights)
             jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
                           out_shardings=(replicated, self._pool_shardings))
@@ -420,6 +421,8 @@ class Engine:
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
         rows, want_top = self._sampling_rows(requests, size, ahead)
+        if self.mesh is not None:  # as a chained call's tokens (the last call's output, an array on the mesh):
+            tokens = jax.device_put(tokens, self._batch_sharding)  # one program for both, not one compile each
         return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
 
     def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
