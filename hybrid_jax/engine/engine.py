@@ -198,8 +198,9 @@ class Engine:
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                      **step_kw), **decode_kw) for greedy in (False, True)}
         # Under a mesh, one step per call. With the multi-step loop, 9B at tp=2 on two H200s took 147 ms a token
-        # (11.3 ms with one step per call) and 27B at tp=2 ran out of memory at run time asking for a block the
-        # size of one layer's K pool: XLA appears to copy the pools around the sharded Pallas calls in the loop.
+        # (11.3 ms with one step per call), and 27B at tp=2 ran out of memory at run time asking for 1.95 GiB.
+        # The 147 ms likely included a chained call compiling while serving (fixed since: see decode_batch);
+        # the multi-step loop under a mesh has not been measured again.
         self.decode_steps = config.decode_steps if self.mesh is None else 1
         if self.decode_steps > 1:
             self._decode[True, self.decode_steps] = jax.jit(
