@@ -29,8 +29,8 @@ def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: 
                         help="greedy decode steps per device call when no prompt waits (amortises the per-call host "
                              "cost; 1: every token its own call)")
     parser.add_argument("--decode-sizes", type=int, nargs="+", default=None,
-                        help="batch sizes to compile decode programs for (default: powers of two up to --max-batch; "
-                             "fewer sizes: a faster start, more padding)")
+                        help="batch sizes to compile decode programs for, --max-batch always among them (default: "
+                             "powers of two up to --max-batch; fewer sizes: a faster start, more padding)")
     parser.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE_DIR,
                         help=f"keep compiled programs here across runs (default {DEFAULT_CACHE_DIR}; '' disables)")
 
@@ -109,7 +109,8 @@ def _llm(args: argparse.Namespace, warmup: bool):
     try:
         return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
                    warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
-                   decode_sizes=args.decode_sizes, memory_utilization=args.gpu_memory_utilization,
+                   decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
+                   memory_utilization=args.gpu_memory_utilization,
                    compilation_cache_dir=args.compilation_cache_dir or None)
     except ValueError as e:  # bad flags or a malformed checkpoint: the message names the field or file
         raise SystemExit(f"hybrid-jax: {e}") from e

@@ -21,7 +21,7 @@ class Settings:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     decode_steps: int = 4  # greedy decode steps per device call when no prompt waits
-    decode_sizes: tuple[int, ...] | None = None  # decode batch buckets; None: powers of two up to max_batch
+    decode_sizes: tuple[int, ...] | None = None  # decode batch buckets (env: "1,8,32"); None: powers of two
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     max_waiting: int = 4096
     api_key: str | None = None

@@ -30,9 +30,14 @@ class CompileLog:
 
 @pytest.fixture
 def compile_log(caplog):
+    previous = jax.config.jax_log_compiles
     jax.config.update("jax_log_compiles", True)
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.WARNING, logger="jax")
+    log = CompileLog(caplog)
     try:
-        yield CompileLog(caplog)
+        jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(7))  # a fresh program: the log must see it
+        assert log.messages(), "compiles are not reaching the log"
+        log.clear()
+        yield log
     finally:
-        jax.config.update("jax_log_compiles", False)
+        jax.config.update("jax_log_compiles", previous)

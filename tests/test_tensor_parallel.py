@@ -1,6 +1,5 @@
 """Tensor parallelism on fake CPU devices: logits and greedy continuations equal to tp=1."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,9 +79,11 @@ def test_nothing_compiles_while_serving_sharded(compile_log):
     compile_log.clear()
     try:
         greedy = [engine.submit(p, SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)) for p in prompts]
-        assert all([e.token_id for e in h] for h in greedy)
-        sampled = engine.submit(prompts[1], SamplingParams(max_tokens=5, temperature=0.7, seed=3))
-        assert [e.token_id for e in sampled]
+        sampled = engine.submit(prompts[1], SamplingParams(max_tokens=5, temperature=0.7, seed=3, ignore_eos=True))
+        for handle, length in [(greedy[0], 9), (greedy[1], 9), (sampled, 5)]:
+            events = list(handle)  # a failed step would end the stream early with finish_reason "error"
+            assert events[-1].finish_reason == "length"
+            assert len([e for e in events if e.token_id is not None]) == length
         assert compile_log.messages() == []
     finally:
         engine.shutdown()

@@ -187,7 +187,7 @@ class Engine:
         if self.mesh is not None:
             # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
             # so a chained decode call's input tokens (the previous call's output) have the sharding the warm-up
-            # compiled for, whatever GSPMD would have chosen for that output.
+            # compiled for (and decode_batch places the host's tokens the same way: the same input type).
             replicated = self._batch_sharding
             weight_shardings = tuple(w.sharding for w in self._weights)
             jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
@@ -197,10 +197,8 @@ class Engine:
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                      **step_kw), **decode_kw) for greedy in (False, True)}
-        # Under a mesh, one step per call. With the multi-step loop, 9B at tp=2 on two H200s took 147 ms a token
-        # (11.3 ms with one step per call), and 27B at tp=2 ran out of memory at run time asking for 1.95 GiB.
-        # The 147 ms likely included a chained call compiling while serving (fixed since: see decode_batch);
-        # the multi-step loop under a mesh has not been measured again.
+        # Under a mesh, one step per call until the multi-step loop is measured there: its one figure (9B, tp=2,
+        # 147 ms a token) was taken while chained calls still compiled a second program (see decode_batch).
         self.decode_steps = config.decode_steps if self.mesh is None else 1
         if self.decode_steps > 1:
             self._decode[True, self.decode_steps] = jax.jit(
@@ -408,9 +406,10 @@ class Engine:
         want_top = any(r.params.logprobs for r in requests)
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
-    def decode_batch(self, requests: list[Request], size: int, ahead: int = 0) -> DecodeBatch:
-        """The decode step's inputs for ``requests`` padded to ``size`` rows, ``ahead`` tokens past what the host
-        has read (their input tokens then come from the device: see `_run_decode`)."""
+    def decode_batch(self, requests: list[Request], size: int, after: DecodeCall | None = None) -> DecodeBatch:
+        """The decode step's inputs for ``requests`` padded to ``size`` rows. Chained ``after`` a call still in
+        flight, the input tokens are that call's last samples, on the device (see `_run_decode`)."""
+        ahead = 0 if after is None else after.steps  # tokens past what the host has read
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
@@ -422,8 +421,10 @@ class Engine:
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
         rows, want_top = self._sampling_rows(requests, size, ahead)
-        if self.mesh is not None:  # as a chained call's tokens (the last call's output, an array on the mesh):
-            tokens = jax.device_put(tokens, self._batch_sharding)  # one program for both, not one compile each
+        if after is not None:
+            tokens = after.last_tokens
+        elif self.mesh is not None:  # placed as a chained call's tokens are (an array on the mesh): a host array
+            tokens = jax.device_put(tokens, self._batch_sharding)  # would be another input type, another compile
         return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
 
     def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
@@ -432,9 +433,7 @@ class Engine:
         for the same requests, whose last samples are this call's input tokens (read on the device, so the host
         does not wait for them)."""
         size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-        batch = self.decode_batch(requests, size, ahead=0 if after is None else after.steps)
-        if after is not None:
-            batch = batch._replace(tokens=after.last_tokens)
+        batch = self.decode_batch(requests, size, after)
         sampled, last_tokens, self.pools = self._decode[variant](self._weights, self.pools, batch)
         return DecodeCall(requests, variant, sampled, last_tokens)
 

@@ -31,9 +31,10 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
    stored starting state and V'; chunks of padding tokens (past `cu_seqlens[S]`) get zeros.
 
 Tiles, from `scripts/bench_kernels.py --chunk-sweep` (H200, 9B shapes, T = 8192, device time per kernel):
-state pass 32 dv columns a program 309 us (16: 387, 64: 876; 340 without the prefetch); output pass 128
-columns 234 us (64: 333); prepare 225 us with the doubling inverse (347 with forward substitution); 8 warps
-slower in every kernel.
+state pass 32 dv columns a program 309 us with the prefetch, 340 without; the prefetch costs at other widths
+(16: 387 with, 356 without; 64: 876 with, 408 without: the two chunks' tiles no longer fit in registers).
+Output pass 128 columns 234 us (64: 333); prepare 225 us with the doubling inverse (347 with forward
+substitution, since removed); 8 warps slower in every kernel.
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -44,7 +45,9 @@ Why the Triton lowering:
 Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in the sequential kernel
 (the recurrence is latency-bound per chunk) and wgmma for the 64-row products.
 
-Precision: the 16 x 16 solve is fp32. Products whose operands are q/k/v-sized take the input dtype (bf16
+Precision: the 16 x 16 solve is fp32. The doubling product cancels where forward substitution does not: with
+near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the bf16 rounding
+that T gets for the W and U products. Products whose operands are q/k/v-sized take the input dtype (bf16
 inputs: tensor cores with fp32 accumulation, the state and T rounded to bf16 for the product, as fla does;
 fp32 inputs: full fp32 products, slower). W and U are stored in the input dtype, gc in fp32.
 """
@@ -81,13 +84,13 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.
 def _unit_lower_inverses(blocks: list[jax.Array]) -> list[jax.Array]:  # each [n, n] fp32
     """(I + a)^-1 = (I - a)(I + a^2)(I + a^4)...(I + a^(n/2)) of each strictly lower triangular a (a^n = 0):
     2 log2(n) - 2 fp32 products a block instead of n - 1 dependent row steps."""
-    n = blocks[0].shape[0]
+    n = blocks[0].shape[0]  # a power of two
     identity = (jnp.arange(n)[:, None] == jnp.arange(n)[None, :]).astype(F32)
     out = []
     for a in blocks:
         power = -a  # (-a)^(2^j)
         inv = identity + power
-        for _ in range(n.bit_length() - 2):
+        for _ in range((n - 1).bit_length() - 1):
             power = _dot(power, power)
             inv = inv + _dot(inv, power)
         out.append(inv)

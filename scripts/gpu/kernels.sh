@@ -5,14 +5,15 @@
 # Logs and JSON under $OUT (default ./gpu_out); a short table at the end.
 set -u
 source "$(dirname "$0")/common.sh"
-steps=("${@:-tests sweep bench}")
-steps=(${steps[*]})
+steps=("$@")
+if [ $# -eq 0 ]; then steps=(tests sweep bench); fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 for step in "${steps[@]}"; do
   case $step in
     tests) run kernel_tests 200 python3 -m pytest -q tests/kernels ;;
     sweep) run chunk_sweep 240 python3 scripts/bench_kernels.py --chunk-sweep --out "$OUT/chunk_sweep.json" ;;
     bench) run bench_kernels 400 python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ;;
+    *) echo "unknown step: $step (tests, sweep or bench)" >&2; exit 2 ;;
   esac
 done
 cat "$OUT/gpu.txt"

@@ -3,7 +3,7 @@
 # tp=1 and tp=2, 1024-token prompts and 64 output tokens; logits at tp=1 vs tp=2 from the same random weights;
 # and a device profile of one tp=2 decode step (where its time goes).
 #     bash scripts/gpu/tp_compare.sh 9b 27b              # both phases
-#     PHASE=tp1 bash scripts/gpu/tp_compare.sh 9b 27b    # tp=1 only: size i on GPU i % 2, in parallel
+#     PHASE=tp1 bash scripts/gpu/tp_compare.sh 9b 27b    # tp=1 only, one size after the other on GPU 0
 #     PHASE=tp2 bash scripts/gpu/tp_compare.sh 9b 27b    # logits, tp=2 and the tp=2 profile
 # LOGITS=0 skips the logits, PROFILE=0 the profile. Logs and JSON under $OUT (default ./gpu_out); a short table at
 # the end. Random weights at real shapes, bf16.
@@ -11,16 +11,14 @@ set -u
 source "$(dirname "$0")/common.sh"
 sizes=("${@:-9b}")
 phase=${PHASE:-all}
+case $phase in all | tp1 | tp2) ;; *) echo "PHASE must be all, tp1 or tp2, got $phase" >&2; exit 2 ;; esac
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 bench=(python3 scripts/bench_engine.py --decode-steps 4 --output-len 64 --concurrency 1 32)
-if [ "$phase" != tp2 ]; then
-  for i in "${!sizes[@]}"; do
-    size=${sizes[$i]}
-    run "engine_${size}_tp1" 280 env CUDA_VISIBLE_DEVICES=$((i % 2)) "${bench[@]}" --size "$size" \
-      --tensor-parallel-size 1 --out "$OUT/engine_${size}_tp1.json" &
-    if [ $((i % 2)) = 1 ]; then wait; fi
+if [ "$phase" != tp2 ]; then  # one at a time: the host's speed is part of TTFT and TPOT
+  for size in "${sizes[@]}"; do
+    run "engine_${size}_tp1" 280 env CUDA_VISIBLE_DEVICES=0 "${bench[@]}" --size "$size" --tensor-parallel-size 1 \
+      --out "$OUT/engine_${size}_tp1.json"
   done
-  wait
 fi
 if [ "$phase" != tp1 ]; then
   for size in "${sizes[@]}"; do

@@ -147,8 +147,8 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
 
 
 def test_nothing_compiles_while_serving(model, prompts, compile_log):
-    """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs; batches
-    of 1 and 2 run in the smallest chosen decode size that holds them."""
+    """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs, with
+    decode programs for batches of 3 and 4 only (smaller batches pad to 3)."""
     engine = make_engine(model, decode_steps=3, decode_sizes=(3,))
     assert engine.config.decode_buckets == (3, 4)  # max_batch is always a size
     # One program per shape bucket: the warm-up compiled against the released pools' shapes, and its run of

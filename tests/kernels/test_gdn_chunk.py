@@ -162,6 +162,22 @@ def test_kernel_real_shapes_gpu(num_v_heads):
     _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.bfloat16])
 
 
+@pytest.mark.parametrize(("keys", "tol"), [("random", 1e-6), ("near-equal, beta 1", 1e-3)])
+def test_unit_lower_inverse_precision(keys, tol):
+    """The prepare pass's 16 x 16 (I + A)^-1 by the doubling product against float64: exact to fp32 on random
+    keys; near-equal keys with beta = 1 make its products cancel (the kernel's documented worst case)."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((16, 128))
+    if keys != "random":
+        k = k[:1] + 0.01 * k
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    beta = 1 / (1 + np.exp(-rng.standard_normal(16))) if keys == "random" else np.ones(16)
+    a = np.tril(beta[:, None] * (k @ k.T), -1)  # strictly lower, as the kernel's diagonal blocks of A
+    (got,) = gc.kernel._unit_lower_inverses([jnp.asarray(a, jnp.float32)])
+    want = np.linalg.inv(np.eye(16) + a)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=tol, rtol=0)
+
+
 def test_dispatch():
     batch = Batch(7, [5, 70], 3, 1, 2, 16, 24)  # dv = 24: not a power of two, the kernel can't take it
     with pytest.raises(ValueError, match="dv 24"):

@@ -2,9 +2,10 @@
 layer's own decode math, and the Pallas kernels (interpret mode on CPU, compiled when a GPU is present)
 against the references.
 
-Every input is random, the pools included: slot 0 (the null slot, where padded rows read and write) and
-unused slots hold garbage. Real rows and slots are compared; slots that no real row names must come back
-bit-identical (slot 0 takes the padded rows' racing writes: garbage, not compared).
+Every input is random, the pools included: slot 0 (the null slot, named by padded rows) and unused slots hold
+garbage. Real rows and slots are compared; slots that no real row names must come back bit-identical. The
+references write the padded rows' garbage to slot 0; the kernels skip padded rows (zero output, slot 0
+untouched), which is checked too.
 Tolerance 1e-5 (rtol = atol) everywhere: the kernels upcast bf16 inputs exactly and compute in fp32 like the
 references; only the order of the fp32 sums differs.
 """
@@ -92,9 +93,9 @@ class Step:
         np.testing.assert_array_equal(got[keep], original[keep])
 
 
-def _assert_padding_skipped(o, pools):
-    """The kernels skip padded rows (slot 0, rows 4 on): zero output, the null slot untouched."""
-    np.testing.assert_array_equal(np.asarray(o[4:]), 0)
+def _assert_padding_skipped(o, pools, num_real):
+    """The kernels skip padded rows (slot 0, rows num_real on): zero output, the null slot untouched."""
+    np.testing.assert_array_equal(np.asarray(o[num_real:]), 0)
     for got, original in pools:
         np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(original[0]))
 
@@ -175,7 +176,7 @@ def test_decode_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuni
     o, pool = gd.gdn_decode(*step.args(), impl=impl, **tuning)
     _assert_close(o[:4], o_want[:4])
     step.check_pool(pool, pool_want, step.state_pool)
-    _assert_padding_skipped(o, [(pool, step.state_pool)])
+    _assert_padding_skipped(o, [(pool, step.state_pool)], step.num_real)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -188,7 +189,7 @@ def test_fused_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tunin
     _assert_close(o[:4], o_want[:4])
     step.check_pool(conv, conv_want, args[-2])
     step.check_pool(state, state_want, args[-1])
-    _assert_padding_skipped(o, [(conv, args[-2]), (state, args[-1])])
+    _assert_padding_skipped(o, [(conv, args[-2]), (state, args[-1])], step.num_real)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")

@@ -66,4 +66,3 @@ def test_auto_falls_back_beyond_its_shapes():
         gemv(x, weights, impl="interpret")
     with pytest.raises(ValueError, match="multiples of 16"):
         gemv(x[:2, :60], (weights[0][:60],), impl="interpret")
-
