@@ -112,13 +112,24 @@ def param_spec(path: str, ndim: int, config: Qwen35Config, tp: int) -> Partition
 
 
 def shard_model(model: nnx.Module, mesh: Mesh) -> None:
-    """Place every parameter of ``model`` on ``mesh`` by the table above, in place."""
+    """Place every parameter of ``model`` on ``mesh`` by the table above, in place, and tell each linear layer
+    which dimension of its kernel is split (`Linear.tp_split`: its per-shard projection in the engine)."""
     tp = mesh.shape[TP]
     check_divisible(model.config, tp)
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = ".".join(str(p) for p in path)
-        sharding = NamedSharding(mesh, param_spec(name, var.ndim, model.config, tp))
-        var.set_value(jax.device_put(var.get_value(), sharding))
+        spec = param_spec(name, var.ndim, model.config, tp)
+        var.set_value(jax.device_put(var.get_value(), NamedSharding(mesh, spec)))
+        owner = _module_at(model, path[:-1])
+        if path[-1] == "kernel" and hasattr(owner, "tp_split"):  # a Linear: kernel [in, out]
+            owner.tp_split = "in" if spec[0] == TP else "out" if spec[1] == TP else None
+
+
+def _module_at(model: nnx.Module, path: tuple) -> nnx.Module:
+    module = model
+    for key in path:
+        module = module[key] if isinstance(key, int) else getattr(module, key)
+    return module
 
 
 def pool_specs(config: Qwen35Config) -> dict:

@@ -7,8 +7,10 @@ import pytest
 from flax import nnx
 
 import hybrid_jax
+import pallas_kernels.gemv as gemv_dispatch
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.layers.linear import few_row_kernel
 from hybrid_jax.sharding import make_mesh, shard_model
 
 # Heads that split over 8 shards; 2 KV heads, so tp=4 and tp=8 store one expanded KV head per shard.
@@ -87,3 +89,34 @@ def test_nothing_compiles_while_serving_sharded(compile_log):
         assert compile_log.messages() == []
     finally:
         engine.shutdown()
+
+
+def test_linear_layers_know_their_split():
+    model = perturbed_model()
+    shard_model(model, make_mesh(4))  # 2 KV heads < 4 shards: k/v projections stay whole
+    attn, gdn, mlp = model.layers[3].self_attn, model.layers[0].linear_attn, model.layers[0].mlp
+    assert (attn.q_proj.tp_split, attn.k_proj.tp_split, attn.o_proj.tp_split) == ("out", None, "in")
+    assert (gdn.in_proj_qkv.tp_split, gdn.in_proj_b.tp_split, gdn.out_proj.tp_split) == ("out", "out", "in")
+    assert (mlp.gate_proj.tp_split, mlp.down_proj.tp_split) == ("out", "in")
+
+
+def test_per_shard_projection_kernel_matches_xla(monkeypatch):
+    """The engine's projections under a mesh: the few-row kernel (interpret mode) on each shard's slice of the
+    bf16 weights, row-parallel partial sums added over the shards, give the unsharded XLA logits (within the
+    bf16 rounding of a different summation order, as tests/kernels/test_gemv_in_model.py)."""
+    used = []
+
+    def interpret_where_supported(op, impl, reason):
+        used.append(reason is None)
+        return True if reason is None else None
+
+    want = np.asarray(nnx.jit(lambda m, x: m(x))(hybrid_jax.random_model(CONFIG, "bfloat16", seed=2), IDS[:, :4]))
+    model = hybrid_jax.random_model(CONFIG, "bfloat16", seed=2)
+    mesh = make_mesh(2)
+    shard_model(model, mesh)
+    monkeypatch.setattr(gemv_dispatch, "kernel_mode", interpret_where_supported)
+    with few_row_kernel(True, mesh):
+        got = np.asarray(nnx.jit(lambda m, x: m(x))(model, IDS[:, :4]), np.float32)
+    # All but the GDN input sets, whose b and a widths (8 a shard here; 16 at 9B) are narrower than the kernel's 16.
+    assert sum(used) == len(used) - 3 and len(used) == 16
+    np.testing.assert_allclose(got, np.asarray(want, np.float32), atol=0.01 * np.abs(want).max(), rtol=0)

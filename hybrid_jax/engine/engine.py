@@ -225,7 +225,7 @@ class Engine:
 
     def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
-        with few_row_kernel(self.mesh is None):  # GSPMD cannot split a Pallas call: XLA's dots under a mesh
+        with few_row_kernel(True, self.mesh):
             return step(model, pools, batch, **kw)
 
     # -- public API ----------------------------------------------------------------------------------

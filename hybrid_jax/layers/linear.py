@@ -1,5 +1,5 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
-input through several linear layers, as one Pallas launch inside `few_row_kernel()`."""
+input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,26 @@ import contextvars
 from collections.abc import Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
+from hybrid_jax.sharding import TP
 from pallas_kernels.gemv import gemv
 from pallas_kernels.gemv.reference import gemv as xla_gemv
 
-_FEW_ROW_KERNEL = contextvars.ContextVar("few_row_kernel", default=False)
+_FEW_ROW_KERNEL: contextvars.ContextVar[tuple[bool, Mesh | None]] = contextvars.ContextVar(
+    "few_row_kernel", default=(False, None))
 
 
 @contextlib.contextmanager
-def few_row_kernel(enabled: bool = True) -> Iterator[None]:
+def few_row_kernel(enabled: bool = True, mesh: Mesh | None = None) -> Iterator[None]:
     """While tracing inside, `project` (and every Linear) runs through the Pallas few-row kernel (on a GPU, for
-    at most its row limit; XLA otherwise). The engine's single-device steps trace inside it; the model's own
-    forward keeps XLA's dot, which GSPMD shards and autodiff differentiates."""
-    token = _FEW_ROW_KERNEL.set(enabled)
+    at most its row limit; XLA otherwise), per shard inside shard_map when the weights live on ``mesh``
+    (GSPMD cannot split a Pallas call). The engine's steps trace inside it; the model's own forward keeps
+    XLA's dot, which GSPMD shards and autodiff differentiates."""
+    token = _FEW_ROW_KERNEL.set((enabled, mesh))
     try:
         yield
     finally:
@@ -32,6 +38,9 @@ class Linear(nnx.Module):
     def __init__(self, in_features: int, out_features: int, dtype, *, rngs: nnx.Rngs):
         std = in_features**-0.5
         self.kernel = nnx.Param(jax.random.normal(rngs.params(), (in_features, out_features), dtype) * std)
+        # Which dimension of the kernel tensor parallelism splits: "out" (column-parallel), "in" (row-parallel,
+        # partial sums added over the shards) or None (whole on every shard); set by `sharding.shard_model`.
+        self.tp_split: str | None = None
 
     def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
         """x [..., in] -> [..., out] in ``out_dtype`` (default: the kernel's dtype); fp32 accumulation."""
@@ -41,4 +50,39 @@ class Linear(nnx.Module):
 def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
     """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation."""
     weights = tuple(layer.kernel[...] for layer in layers)
-    return (gemv if _FEW_ROW_KERNEL.get() else xla_gemv)(x, weights, out_dtype)
+    enabled, mesh = _FEW_ROW_KERNEL.get()
+    if not enabled:
+        return xla_gemv(x, weights, out_dtype)
+    if mesh is None:
+        return gemv(x, weights, out_dtype)
+    return _sharded_gemv(x, weights, tuple(layer.tp_split for layer in layers), mesh, out_dtype)
+
+
+def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[str | None, ...], mesh: Mesh,
+                  out_dtype) -> tuple[jax.Array, ...]:
+    """`gemv` on each shard's slice of the weights: column-parallel (and whole) weights take x whole and give
+    their slice of the output columns; row-parallel ones take x's matching slice and add their fp32 partial
+    products over the shards."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])  # [M, K]
+    if "in" in splits:
+        if set(splits) != {"in"}:
+            raise ValueError(f"project: row-parallel weights cannot share a call with others, got {splits}")
+
+        def per_shard(x_part, *w_parts):  # x_part [M, K / tp], w_parts [K / tp, N]
+            return tuple(jax.lax.psum(y, TP) for y in gemv(x_part, w_parts, jnp.float32))
+
+        in_specs = (P(None, TP), *[P(TP, None)] * len(weights))
+        out_specs = (P(),) * len(weights)
+        ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+            rows, *weights)
+        ys = tuple(y.astype(out_dtype or w.dtype) for y, w in zip(ys, weights, strict=True))
+    else:
+        def per_shard(x_whole, *w_parts):  # x_whole [M, K], w_parts [K, N / tp] or [K, N]
+            return gemv(x_whole, w_parts, out_dtype)
+
+        in_specs = (P(), *[P(None, TP) if s == "out" else P() for s in splits])
+        out_specs = tuple(P(None, TP) if s == "out" else P() for s in splits)
+        ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
+            rows, *weights)
+    return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
