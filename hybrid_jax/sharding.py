@@ -2,8 +2,9 @@
 
 Parameters and cache pools are placed with NamedShardings derived from logical axis names; XLA's SPMD
 partitioner inserts the collectives. Kernels (custom calls XLA cannot partition) run per shard inside
-``shard_map`` in the engine's steps. Attention heads, GDN value heads (with their key-head groups), the
-MLP intermediate and the vocabulary are split over the ``tp`` mesh axis. When there are fewer KV heads
+``shard_map`` in the engine's steps, the projections' row-parallel sums with an explicit psum. Attention
+heads, GDN value heads (with their key-head groups), the MLP intermediate and the vocabulary are split over
+the ``tp`` mesh axis. When there are fewer KV heads
 than shards, each shard keeps its own copy of the KV head its query heads read (as vLLM does).
 """
 
@@ -122,7 +123,8 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> None:
         var.set_value(jax.device_put(var.get_value(), NamedSharding(mesh, spec)))
         owner = _module_at(model, path[:-1])
         if path[-1] == "kernel" and hasattr(owner, "tp_split"):  # a Linear: kernel [in, out]
-            owner.tp_split = "in" if spec[0] == TP else "out" if spec[1] == TP else None
+            split_in, split_out = tuple(spec) + (None,) * (2 - len(spec))
+            owner.tp_split = "in" if split_in == TP else "out" if split_out == TP else None
 
 
 def _module_at(model: nnx.Module, path: tuple) -> nnx.Module:

@@ -1,8 +1,9 @@
 """A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch.
 
-`impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows and the weights suit it,
-XLA's dots otherwise; "kernel" forces the compiled kernel, "interpret" the kernel in Pallas interpret mode
-(CPU tests), "reference" the reference. Leading axes of x are flattened into rows.
+`impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
+it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
+forces the compiled kernel for all, "interpret" the kernel in Pallas interpret mode (CPU tests), "reference"
+the reference. Leading axes of x are flattened into rows.
 """
 
 import jax
@@ -15,14 +16,14 @@ MAX_ROWS = 64  # more rows: a tensor-core GEMM streams the weights as well
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def _unsupported(rows: int, k: int, weights: tuple[jax.Array, ...]) -> str | None:
+def _unsupported(rows: int, k: int, w: jax.Array, dtype) -> str | None:
+    """Why the kernel can't multiply ``rows`` rows by w in a launch for ``dtype`` weights (None: it can)."""
     if rows > MAX_ROWS:
         return f"{rows} rows > {MAX_ROWS}"
-    for w in weights:
-        if w.ndim != 2 or w.shape[0] != k or k % 16 or w.shape[1] % 16:
-            return f"w {w.shape}: need [K={k}, N] with K and N multiples of 16"
-        if w.dtype != weights[0].dtype or w.dtype not in _DTYPES:
-            return f"weight dtypes {[str(v.dtype) for v in weights]}: need one of {_DTYPES}"
+    if w.ndim != 2 or w.shape[0] != k or k % 16 or w.shape[1] % 16:
+        return f"w {w.shape}: need [K={k}, N] with K and N multiples of 16"
+    if w.dtype != dtype or w.dtype not in _DTYPES:
+        return f"weight dtype {w.dtype}: need one of {_DTYPES}, the same for every weight of a launch"
     return None
 
 
@@ -32,12 +33,18 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     accumulated in fp32."""
     weights = tuple(weights)
     lead = x.shape[:-1]
-    rows = x.reshape(-1, x.shape[-1])
-    interpret = kernel_mode("gemv", impl, _unsupported(rows.shape[0], x.shape[-1], weights))
+    rows = x.reshape(-1, x.shape[-1])  # [M, K]
+    reasons = [_unsupported(rows.shape[0], x.shape[-1], w, weights[0].dtype) for w in weights]
+    suited = [r is None for r in reasons] if impl == "auto" else [True] * len(weights)
+    first_reason = next((r for r, ok in zip(reasons, suited, strict=True) if r is not None and ok), None)
+    interpret = kernel_mode("gemv", impl, first_reason if any(suited) else reasons[0])
     if interpret is None:
         ys = reference.gemv(rows, weights, out_dtype)
     else:
-        ys = kernel.gemv(rows, weights, out_dtype, interpret=interpret, **tuning)
+        on_kernel = iter(kernel.gemv(rows, tuple(w for w, ok in zip(weights, suited, strict=True) if ok),
+                                     out_dtype, interpret=interpret, **tuning))
+        ys = tuple(next(on_kernel) if ok else reference.gemv(rows, (w,), out_dtype)[0]
+                   for w, ok in zip(weights, suited, strict=True))
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 

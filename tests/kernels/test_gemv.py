@@ -66,3 +66,24 @@ def test_auto_falls_back_beyond_its_shapes():
         gemv(x, weights, impl="interpret")
     with pytest.raises(ValueError, match="multiples of 16"):
         gemv(x[:2, :60], (weights[0][:60],), impl="interpret")
+
+
+def test_auto_runs_the_kernel_for_the_weights_that_suit_it(monkeypatch):
+    """A set with a narrow member (8 columns: a shard's slice of a small projection): one kernel launch for
+    the others, XLA's dot for it, results in the caller's order."""
+    import pallas_kernels.gemv as dispatch
+
+    launched = []
+    kernel_gemv = dispatch.kernel.gemv
+
+    def spy(rows, weights, *args, **kw):
+        launched.append([w.shape[1] for w in weights])
+        return kernel_gemv(rows, weights, *args, **kw)
+
+    monkeypatch.setattr(dispatch, "kernel_mode", lambda op, impl, reason: True if reason is None else None)
+    monkeypatch.setattr(dispatch.kernel, "gemv", spy)
+    x, weights = _inputs(3, 2, 64, (32, 8, 48))
+    got = gemv(x, weights)
+    assert launched == [[32, 48]]
+    for g, w in zip(got, gemv(x, weights, impl="reference"), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-2, atol=1e-2)
