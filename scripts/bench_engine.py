@@ -4,13 +4,16 @@
 
 Measures time to ready (weights + cache + warm-up compiles), TTFT of one prompt, TPOT at concurrency 1
 (inter-token time of a single stream) and output tokens/s at the other concurrency levels, with greedy
-decoding and ignore_eos. Weights are random at the real shapes (bf16): speed does not depend on them.
+decoding and ignore_eos. Each row also counts the JAX compiles during its run: anything but 0 means the
+warm-up missed a program and the row's times include compiling. Weights are random at the real shapes
+(bf16): speed does not depend on them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 
@@ -41,6 +44,17 @@ def run(engine: Engine, prompts: list[list[int]], output_len: int) -> dict:
             "requests": len(handles), "errors": errors}
 
 
+class CompileCounter(logging.Handler):
+    """Counts JAX's "Compiling ..." log records (with jax_log_compiles on), from any thread."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += record.getMessage().startswith("Compiling")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.8b")
@@ -63,13 +77,17 @@ def main() -> None:
                           tensor_parallel_size=args.tensor_parallel_size)
     engine = Engine(model, config, valid_vocab=248_077).start()
     ready = time.monotonic() - ready_start
+    compiles = CompileCounter()
+    logging.getLogger("jax").addHandler(compiles)
+    jax.config.update("jax_log_compiles", True)
     rng = np.random.default_rng(0)
     rows = []
     for c in args.concurrency:
         prompts = [rng.integers(0, 248_000, args.prompt_len).tolist() for _ in range(c)]
         run(engine, prompts[:1], 4)  # settle
+        before = compiles.count
         rows.append({"size": args.size, "tp": args.tensor_parallel_size, "concurrency": c,
-                     **run(engine, prompts, args.output_len)})
+                     **run(engine, prompts, args.output_len), "compiles": compiles.count - before})
         print(json.dumps(rows[-1]), flush=True)
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "time_to_ready_s": ready, "prompt_len": args.prompt_len,
@@ -78,12 +96,13 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(meta)
-    print(f"{'size':6} {'tp':>3} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10} {'errors':>7}")
+    print(f"{'size':6} {'tp':>3} {'c':>4} {'TTFT ms':>9} {'TPOT ms':>9} {'p99 ms':>9} {'out tok/s':>10} {'errors':>7} "
+          f"{'compiles':>9}")
     for r in rows:
         tpot = f"{r['tpot_ms']:.2f}" if r["tpot_ms"] else "-"
         p99 = f"{r['tpot_p99_ms']:.2f}" if r["tpot_p99_ms"] else "-"
         print(f"{r['size']:6} {r['tp']:3d} {r['concurrency']:4d} {r['ttft_ms']:9.1f} {tpot:>9} {p99:>9} "
-              f"{r['output_tok_s']:10.1f} {r['errors']:7d}")
+              f"{r['output_tok_s']:10.1f} {r['errors']:7d} {r['compiles']:9d}")
 
 
 if __name__ == "__main__":
