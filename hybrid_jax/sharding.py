@@ -4,8 +4,8 @@ Parameters and cache pools are placed with NamedShardings derived from logical a
 partitioner inserts the collectives. Kernels (custom calls XLA cannot partition) run per shard inside
 ``shard_map`` in the engine's steps, the projections' row-parallel sums with an explicit psum. Attention
 heads, GDN value heads (with their key-head groups), the MLP intermediate and the vocabulary are split over
-the ``tp`` mesh axis. When there are fewer KV heads
-than shards, each shard keeps its own copy of the KV head its query heads read (as vLLM does).
+the ``tp`` mesh axis. When there are fewer KV heads than shards, each shard keeps its own copy of the KV
+head its query heads read (as vLLM does).
 """
 
 from __future__ import annotations

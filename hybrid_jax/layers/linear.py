@@ -70,19 +70,16 @@ def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[st
             raise ValueError(f"project: row-parallel weights cannot share a call with others, got {splits}")
 
         def per_shard(x_part, *w_parts):  # x_part [M, K / tp], w_parts [K / tp, N]
-            return tuple(jax.lax.psum(y, TP) for y in gemv(x_part, w_parts, jnp.float32))
+            ys = gemv(x_part, w_parts, jnp.float32)
+            return tuple(jax.lax.psum(y, TP).astype(out_dtype or w.dtype) for y, w in zip(ys, w_parts, strict=True))
 
         in_specs = (P(None, TP), *[P(TP, None)] * len(weights))
         out_specs = (P(),) * len(weights)
-        ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
-            rows, *weights)
-        ys = tuple(y.astype(out_dtype or w.dtype) for y, w in zip(ys, weights, strict=True))
     else:
         def per_shard(x_whole, *w_parts):  # x_whole [M, K], w_parts [K, N / tp] or [K, N]
             return gemv(x_whole, w_parts, out_dtype)
 
         in_specs = (P(), *[P(None, TP) if s == "out" else P() for s in splits])
         out_specs = tuple(P(None, TP) if s == "out" else P() for s in splits)
-        ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(
-            rows, *weights)
+    ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(rows, *weights)
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)

@@ -35,9 +35,13 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
     reasons = [_unsupported(rows.shape[0], x.shape[-1], w, weights[0].dtype) for w in weights]
-    suited = [r is None for r in reasons] if impl == "auto" else [True] * len(weights)
-    first_reason = next((r for r, ok in zip(reasons, suited, strict=True) if r is not None and ok), None)
-    interpret = kernel_mode("gemv", impl, first_reason if any(suited) else reasons[0])
+    if impl == "auto":  # the kernel for the weights that suit it
+        suited = [r is None for r in reasons]
+        reason = None if any(suited) else reasons[0]
+    else:  # all or none: "kernel" and "interpret" raise on the first weight that does not suit
+        suited = [True] * len(weights)
+        reason = next((r for r in reasons if r is not None), None)
+    interpret = kernel_mode("gemv", impl, reason)
     if interpret is None:
         ys = reference.gemv(rows, weights, out_dtype)
     else:
