@@ -10,8 +10,7 @@ gate/up, GDN's qkv/z/b/a): the grid's first axis runs over every weight's column
 program owns a [K / splits, block_n] slab of one weight, walks it in [block_k, block_n] tiles (contiguous
 along N, so loads coalesce) with Triton's software pipeline keeping several tiles in flight, and
 multiplies each by the rows on the tensor cores (rows padded to a power of two >= 16, free beside the
-weight traffic; a single row is broadcast to 16 in registers instead, which spares the decode step at
-batch 1 a pad kernel before every launch).
+weight traffic).
 When the column blocks alone give too few programs to fill the GPU, K is split too: each split writes an
 fp32 partial and XLA sums the few partials (fused into the consumer).
 
@@ -52,11 +51,8 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
 
 
 def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
-    # x_ref [Mp, K] (or [1, K]: one row, broadcast to the dot's 16 in registers); refs: weights [K, N_i] ...,
-    # then outputs [splits, Mp, N_i] ...: whole arrays.
+    # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
-    one_row = x_ref.shape[0] == 1
-    dot_rows = MIN_ROWS if one_row else x_ref.shape[0]
     w_refs, o_refs = refs[:num], refs[num:]
     j, s = pl.program_id(0), pl.program_id(1)
     k0 = s * k_per_split
@@ -70,12 +66,9 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
 
             def body(i, acc):
                 rows = pl.ds(k0 + i * block_k, block_k)
-                x = jnp.broadcast_to(x_ref[:, rows], (dot_rows, block_k))
-                return acc + jnp.dot(x, w_ref[rows, cols], preferred_element_type=F32)  # [dot_rows, bn]
+                return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)  # [Mp, bn]
 
-            acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((dot_rows, bn), F32))
-            if one_row:  # every row holds the product; max is exact
-                acc = jnp.max(acc, axis=0, keepdims=True)
+            acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], bn), F32))
             o_ref[s, :, cols] = acc.astype(o_ref.dtype)
 
         first += blocks
@@ -98,8 +91,7 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
     dtype = weights[0].dtype
     out_dtype = jnp.dtype(out_dtype or dtype)
     block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
-    # One row goes in as it is (no pad kernel before each launch: the common c=1 decode step).
-    padded = 1 if m == 1 else max(MIN_ROWS, 1 << (m - 1).bit_length())
+    padded = max(MIN_ROWS, 1 << (m - 1).bit_length())
     xp = jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0)))
     partial_dtype = out_dtype if splits == 1 else F32
     kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits)
