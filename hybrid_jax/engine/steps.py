@@ -16,10 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.layers.gdn import GatedDeltaNet
-from hybrid_jax.layers.norm import RMSNorm
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
-from pallas_kernels.add_rms_norm import add_rms_norm
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
 from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
@@ -44,11 +42,6 @@ class Kernels:
         self.write_kv = wrap(write_kv, (PAGES, PAGES, HEADS3, HEADS3, REP), (PAGES, PAGES))
         self.decode_attention = wrap(paged_decode_attention, (HEADS3, PAGES, PAGES, REP, REP), HEADS3)
         self.prefill_attention = wrap(paged_prefill_attention, (HEADS3, PAGES, PAGES, REP, REP, REP), HEADS3)
-        self._norm_impl = "auto" if mesh is None else "reference"  # under a mesh: XLA, on the replicated stream
-
-    def add_norm(self, norm: RMSNorm, x, delta, dtype):
-        """(x + delta, norm(x + delta)): the residual add fused with the norm after it (delta None: none)."""
-        return add_rms_norm(x, delta, norm.weight[...], norm.eps, dtype, impl=self._norm_impl)
 
     def _wrap(self, fn, in_specs, out_specs):
         if self.mesh is None:
@@ -141,14 +134,12 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
 
     ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV cache (new K/V already written);
     ``linear_attention(gdn, h, pool, dtype) -> (y, new pool)`` runs a GDN mixer over its slot pool.
-    Returns the final residual stream, still without the last MLP's output (``pending``: each layer's MLP
-    output is added inside the next norm), and the new per-layer pools.
+    Returns the final residual stream and the new per-layer pools.
     """
     new_layers = []
-    pending = None  # [N, D] the previous layer's MLP output
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
-        x, h = kernels.add_norm(layer.input_layernorm, x, pending, dtype)
+        h = layer.input_layernorm(x, dtype)
         if layer.is_attention:
             attn = layer.self_attn
             q, k, v, gate = attn.project(h, positions)  # [N, H, hd]
@@ -159,9 +150,9 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
         else:
             h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
-        x, h = kernels.add_norm(layer.post_attention_layernorm, x, h, dtype)
-        pending = layer.mlp(h)
-    return x, pending, new_layers
+        x = x + h
+        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+    return x, new_layers
 
 
 def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
@@ -188,10 +179,10 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
-    x, pending, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
-                                             linear_attention)
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
+                                    linear_attention)
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
-    logits, _ = model.logits(kernels.add_norm(model.norm, x[last], pending[last], model.dtype)[1])  # [S, V]
+    logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
     counts = _reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first)
     prompt_mask = _reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first)
@@ -231,9 +222,9 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
-    x, pending, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
-                                             linear_attention)
-    logits, _ = model.logits(kernels.add_norm(model.norm, x, pending, model.dtype)[1])  # [B, V]
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
+                                    linear_attention)
+    logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
                      batch.want_top, valid_vocab, greedy_only=greedy_only)

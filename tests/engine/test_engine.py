@@ -227,24 +227,3 @@ def test_thousand_requests_with_cancellations_leave_nothing_allocated():
         assert stats["requests_finished"] == 1000
     finally:
         engine.shutdown()
-
-
-def test_fused_add_norm_kernel_in_the_steps(model, prompts, reference, monkeypatch):
-    """The steps' residual adds + norms through the Pallas kernel (interpret mode where a GPU would compile
-    it): the same greedy tokens as the plain model."""
-    import pallas_kernels.add_rms_norm as add_norm_dispatch
-
-    used = []
-
-    def interpret_where_supported(op, impl, reason):
-        used.append(reason is None)
-        return True if impl == "auto" and reason is None else None
-
-    monkeypatch.setattr(add_norm_dispatch, "kernel_mode", interpret_where_supported)
-    engine = make_engine(model)
-    try:
-        handles = [engine.submit(p, GREEDY) for p in prompts[:4]]
-        assert [tokens(h) for h in handles] == reference[:4]
-    finally:
-        engine.shutdown()
-    assert used and all(used)
