@@ -2,9 +2,9 @@
 
     python scripts/bench_engine.py --size 9b [--concurrency 1 64] [--prompt-len 1024] [--output-len 128]
 
-Measures time to ready (weights + cache + warm-up compiles), TTFT of one prompt, TPOT at concurrency 1
-(inter-token time of a single stream) and output tokens/s at the other concurrency levels, with greedy
-decoding and ignore_eos. Each row also counts the JAX compiles during its run: anything but 0 means the
+Measures time to ready (weights + cache + warm-up compiles), device memory (weights, cache pools, peak), TTFT
+of one prompt, TPOT at concurrency 1 (inter-token time of a single stream) and output tokens/s at the other
+concurrency levels, with greedy decoding and ignore_eos. Each row also counts the JAX compiles during its run: anything but 0 means the
 warm-up missed a program and the row's times include compiling. Weights are random at the real shapes
 (bf16): speed does not depend on them.
 """
@@ -19,6 +19,7 @@ import time
 
 import jax
 import numpy as np
+from flax import nnx
 
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
@@ -55,6 +56,19 @@ class CompileCounter(logging.Handler):
         self.count += record.getMessage().startswith("Compiling")
 
 
+def device_memory(model, engine: Engine) -> dict:
+    """GiB of the weights and the cache pools (over all devices), and the first device's peak use and limit
+    where its runtime reports them (GPUs do; the CPU does not)."""
+    gib = lambda tree: sum(a.nbytes for a in jax.tree.leaves(tree)) / 2**30
+    memory = {"weights_gib": gib(nnx.state(model)), "cache_pools_gib": gib(engine.pools)}
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        memory["device_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+    if "bytes_limit" in stats:
+        memory["device_limit_gib"] = stats["bytes_limit"] / 2**30
+    return memory
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.8b")
@@ -89,9 +103,11 @@ def main() -> None:
         rows.append({"size": args.size, "tp": args.tensor_parallel_size, "concurrency": c,
                      **run(engine, prompts, args.output_len), "compiles": compiles.count - before})
         print(json.dumps(rows[-1]), flush=True)
+    memory = device_memory(model, engine)
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "time_to_ready_s": ready, "prompt_len": args.prompt_len,
-            "output_len": args.output_len, "weights": "random at real shapes, bf16", "date": time.strftime("%Y-%m-%d")}
+            "output_len": args.output_len, "weights": "random at real shapes, bf16", "date": time.strftime("%Y-%m-%d"),
+            **memory}
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -23,7 +23,7 @@ def test_generate(tmp_path):
     write_jsonl(source, [{"prompt": "Hello"}, {"prompt_token_ids": [1, 2, 3], "max_tokens": 2},
                          {"prompt": "Bye", "temperature": 1.0, "seed": 3}])
     main(["generate", "--input", str(source), "--output", str(target), "--max-batch", "2", "--max-model-len", "64",
-          "--max-tokens", "4", "--temperature", "0", "--ignore-eos"])
+          "--max-tokens", "4", "--temperature", "0", "--ignore-eos", "--decode-sizes", "2"])
     rows = read_jsonl(target)
     assert [r["prompt"] for r in rows] == ["Hello", None, "Bye"]
     assert [len(r["token_ids"]) for r in rows] == [4, 2, 4]
@@ -55,6 +55,7 @@ def test_generate_tensor_parallel_matches_single_device(tmp_path):
     for tp in ("1", "2"):
         target = tmp_path / f"out{tp}.jsonl"
         main(["generate", "--input", str(source), "--output", str(target), "--max-batch", "2", "--max-model-len",
-              "64", "--max-tokens", "5", "--temperature", "0", "--ignore-eos", "--tensor-parallel-size", tp])
+              "64", "--max-tokens", "5", "--temperature", "0", "--ignore-eos", "--tensor-parallel-size", tp,
+              "--decode-sizes", "2"])
         outputs.append([r["token_ids"] for r in read_jsonl(target)])
     assert outputs[0] == outputs[1]

@@ -32,10 +32,10 @@ def reference(model, prompts):
     return [greedy_generate(model, jnp.asarray([p]), GREEDY.max_tokens)[0] for p in prompts]
 
 
-def make_engine(model, **kw):
+def make_engine(model, *, eos_token_ids=(), **kw):
     options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2)
     options.update(kw)
-    return Engine(model, EngineConfig(**options)).start()
+    return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids).start()
 
 
 def test_decode_sizes_checked():
@@ -168,8 +168,7 @@ def test_nothing_compiles_while_serving(model, prompts, compile_log):
 
 
 def test_stop_token_ids_eos_and_logprobs(model, prompts, reference):
-    engine = Engine(model, EngineConfig(max_batch=2, max_model_len=256, page_size=16),
-                    eos_token_ids=(reference[1][4],)).start()
+    engine = make_engine(model, eos_token_ids=(reference[1][4],))  # the programs other tests compiled
     try:
         events = list(engine.submit(prompts[1], SamplingParams(max_tokens=10, temperature=0, logprobs=3)))
         stop_at = reference[1].index(reference[1][4]) + 1
@@ -200,7 +199,7 @@ def test_requests_that_can_never_fit_are_rejected(model):
 def test_thousand_requests_with_cancellations_leave_nothing_allocated():
     model = hybrid_jax.random_model(hybrid_jax.preset("tiny").replace(vocab_size=64), "float32", seed=3)
     engine = Engine(model, EngineConfig(max_batch=8, max_model_len=64, page_size=8, prefill_chunk=32,
-                                        max_prefill_seqs=4, num_pages=40)).start()
+                                        max_prefill_seqs=4, num_pages=40, decode_sizes=(2,))).start()
     rng = np.random.default_rng(1)
     try:
         handles = []

@@ -53,7 +53,8 @@ def server(tmp_path_factory) -> Server:
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"}
     command = [sys.executable, "-m", "hybrid_jax.cli", "serve", "--port", str(port), "--max-batch", str(MAX_BATCH),
-               "--max-model-len", str(MAX_MODEL_LEN), "--prefill-chunk", "32", "--threads", "96",
+               "--max-model-len", str(MAX_MODEL_LEN), "--prefill-chunk", "32", "--decode-sizes", "2", str(MAX_BATCH),
+               "--threads", "96",
                "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY_BYTES), "--max-waiting", "256"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
