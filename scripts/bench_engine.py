@@ -4,9 +4,9 @@
 
 Measures time to ready (weights + cache + warm-up compiles), device memory (weights, cache pools, peak), TTFT
 of one prompt, TPOT at concurrency 1 (inter-token time of a single stream) and output tokens/s at the other
-concurrency levels, with greedy decoding and ignore_eos. Each row also counts the JAX compiles during its run: anything but 0 means the
-warm-up missed a program and the row's times include compiling. Weights are random at the real shapes
-(bf16): speed does not depend on them.
+concurrency levels, with greedy decoding and ignore_eos. Each row also counts the JAX compiles during its
+run: anything but 0 means the warm-up missed a program and the row's times include compiling. Weights are
+random at the real shapes (bf16): speed does not depend on them.
 """
 
 from __future__ import annotations
