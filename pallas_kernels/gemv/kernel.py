@@ -84,7 +84,8 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
     K-splits aim at (~2 programs per SM of the H200's 132). The defaults were the best over the 9B and 27B
-    projection sets in `scripts/bench_gemv.py --sweep` (1% behind each set's own best; 128 columns: 7%).
+    projection sets in `scripts/bench_gemv.py --sweep`: 1% behind each set's own best on the geometric mean,
+    where 128 columns were 8% behind.
     """
     m, k = x.shape
     widths = tuple(w.shape[1] for w in weights)
