@@ -142,6 +142,6 @@ def pool_specs(config: Qwen35Config) -> dict:
             kv = PartitionSpec(None, None, TP, None)  # [pages, page_size, kv heads, hd]
             layers.append({"k": kv, "v": kv})
         else:
-            layers.append({"conv": PartitionSpec(None, None, TP),  # [slots, K-1, C]
+            layers.append({"conv": PartitionSpec(None, None, TP),  # [slots, K, C]
                            "state": PartitionSpec(None, TP, None, None)})  # [slots, Hv, dk, dv]
     return {"layers": layers, "output_counts": PartitionSpec(), "prompt_mask": PartitionSpec()}

@@ -1,6 +1,7 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
-    python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep]
+    python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep |
+                                    --attention-sweep]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
@@ -9,7 +10,8 @@ Hkv 4, hd 256). Inputs are random (bf16 q/k/v, fp32 state); speed does not depen
 gdn_chunk and the decode kernels are timed as the engine runs them: calls queued back to back on donated
 pools, so the time is the device's. fla's chunk_gated_delta_rule launches several kernels from Python, so
 do_bench can time its host; it is also timed replayed as a CUDA graph (its device time). Paged attention
-is timed with block_until_ready after warm-up. Medians of many runs.
+and its XLA peer are timed by their kernels' device time in a trace (a synchronous call's wall time, which
+adds ~60 us of dispatch and sync, is kept as wall_ms). Medians of many runs.
 """
 
 from __future__ import annotations
@@ -192,32 +194,36 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
             "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
-def bench_gdn_decode_fused(size: str, batch: int, block_v: int = 128, num_warps: int = 4) -> dict:
-    """The engine's decode kernel (conv shift, norms, gates, state update) from the raw projections."""
+def bench_gdn_decode_fused(size: str, batch: int, block_v: int | None = None, num_warps: int = 4) -> dict:
+    """The engine's decode kernel (conv ring, norms, gates, state update) from the raw projections."""
     s = SIZES[size]
     hk, hv, width = s["hk"], s["hv"], 4
     channels = 2 * hk * D + hv * D
-    ks = jax.random.split(jax.random.PRNGKey(3), 7)
+    ks = jax.random.split(jax.random.PRNGKey(3), 8)
     mixed = jax.random.normal(ks[0], (batch, channels), jnp.bfloat16)
     a, b = (jax.random.normal(key, (batch, hv), jnp.bfloat16) for key in ks[1:3])
     conv_w = jax.random.normal(ks[3], (width, channels), jnp.bfloat16) * 0.3
     a_log = jax.random.normal(ks[4], (hv,), jnp.float32)
     dt_bias = jax.random.normal(ks[5], (hv,), jnp.bfloat16)
-    conv_pool = jax.random.normal(ks[6], (batch + 1, width - 1, channels), jnp.bfloat16)
+    conv_pool = jax.random.normal(ks[6], (batch + 1, width, channels), jnp.bfloat16)
     state_pool = jax.random.normal(jax.random.PRNGKey(1), (batch + 1, hv, D, D), jnp.float32)
     slots = jnp.arange(1, batch + 1, dtype=jnp.int32)
+    positions = jax.random.randint(ks[7], (batch,), 0, 4096, jnp.int32)
 
     def step(conv, state):
-        return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, conv, state, num_k_heads=hk,
+        return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, positions, conv, state, num_k_heads=hk,
                                 head_k_dim=D, head_v_dim=D, block_v=block_v, num_warps=num_warps)
 
     ours = time_chained(jax.jit(step, donate_argnums=(0, 1)), (conv_pool, state_pool))
     state_bytes = 2 * batch * hv * D * D * 4
-    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v} w={num_warps}",
+    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v or 'auto'} w={num_warps}",
             "ours_ms": ours * 1e3, "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
-def bench_paged_decode(size: str, batch: int, context: int, page_size: int = 16) -> dict:
+def bench_paged_decode(size: str, batch: int, context: int, page_size: int = 16, peer: bool = True,
+                       **tuning) -> dict:
+    """Paged decode attention over random pages; ours_ms is device time (the kernel and its split combine, from a
+    trace), wall_ms a synchronous call's."""
     s = SIZES[size]
     hq, hkv, hd = s["hq"], s["hkv"], 256
     pages_per_seq = context // page_size
@@ -229,18 +235,25 @@ def bench_paged_decode(size: str, batch: int, context: int, page_size: int = 16)
     tables = jnp.asarray(perm.reshape(batch, pages_per_seq), jnp.int32)
     lens = jnp.full((batch,), context, jnp.int32)
     q = jax.random.normal(jax.random.fold_in(key, 2), (batch, hq, hd), jnp.bfloat16)
-    ours = time_jax(jax.jit(lambda *a: paged_decode_attention(*a, scale=hd**-0.5)), q, k_pages, v_pages, tables, lens)
-    dense_k = k_pages[tables].reshape(batch, context, hkv, hd)
-    dense_v = v_pages[tables].reshape(batch, context, hkv, hd)
-
-    def xla_attention(q, k, v):
-        return jax.nn.dot_product_attention(q[:, None], k, v, scale=hd**-0.5)[:, 0]
-
-    peer = time_jax(jax.jit(xla_attention), q, dense_k, dense_v)
+    args = (q, k_pages, v_pages, tables, lens)
+    ours = jax.jit(lambda *a: paged_decode_attention(*a, scale=hd**-0.5, **tuning))
+    wall = time_jax(ours, *args)
+    device = sum(r["us"] for r in trace_kernels(ours, *args, calls=10)) * 1e-6
     kv_bytes = 2 * batch * context * hkv * hd * 2
-    return {"op": "paged_decode_attention", "size": size, "shape": f"B={batch} ctx={context}",
-            "ours_ms": ours * 1e3, "peer": "XLA dot_product_attention (dense KV)", "peer_ms": peer * 1e3,
-            "tbps": kv_bytes / ours / 1e12, "hbm_share": kv_bytes / ours / 1e12 / HBM_TBPS}
+    shape = f"B={batch} ctx={context}" + "".join(f" {k}={v}" for k, v in tuning.items())
+    row = {"op": "paged_decode_attention", "size": size, "shape": shape, "ours_ms": device * 1e3,
+           "wall_ms": wall * 1e3, "tbps": kv_bytes / device / 1e12, "hbm_share": kv_bytes / device / 1e12 / HBM_TBPS}
+    if peer:
+        dense_k = k_pages[tables].reshape(batch, context, hkv, hd)
+        dense_v = v_pages[tables].reshape(batch, context, hkv, hd)
+
+        def xla_attention(q, k, v):
+            return jax.nn.dot_product_attention(q[:, None], k, v, scale=hd**-0.5)[:, 0]
+
+        peer_fn = jax.jit(xla_attention)
+        peer_device = sum(r["us"] for r in trace_kernels(peer_fn, q, dense_k, dense_v, calls=10)) * 1e-6
+        row.update(peer="XLA dot_product_attention (dense KV)", peer_ms=peer_device * 1e3)
+    return row
 
 
 def main() -> None:
@@ -249,6 +262,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--decode-sweep", action="store_true",
                         help="only the fused GDN decode kernel, over its tile width and warp count")
+    parser.add_argument("--attention-sweep", action="store_true",
+                        help="only paged decode attention at B=64 x 4K context, over its tiles, stages, warps, splits")
     parser.add_argument("--chunk-sweep", action="store_true",
                         help="only gdn_chunk at 9B shapes, T=8192, over its tile widths and warp count, with its error")
     args = parser.parse_args()
@@ -259,8 +274,14 @@ def main() -> None:
         cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, w) for sbv, obv in ((16, 64), (32, 128), (64, 128))
                  for w in (4, 8)]
     elif args.decode_sweep:
-        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 64)
-                 for bv in (32, 64, 128) for w in (4, 8)]
+        cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
+                 for bv, w in ((16, 4), (32, 4), (64, 4), (128, 4), (128, 8))]
+    elif args.attention_sweep:
+        tunings = [dict(block_kv=n, num_stages=st, num_warps=w) for n in (32, 64, 128) for st, w in
+                   ((2, 4), (3, 4), (2, 8), (3, 8))]
+        tunings += [dict(num_splits=1), dict(num_splits=4)]
+        cases = [functools.partial(bench_paged_decode, peer=False, **t) for t in tunings]
+        cases = [(case, "9b", 64, 4096) for case in cases]
     else:
         cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
         cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
@@ -272,7 +293,8 @@ def main() -> None:
             rows.append(fn(*case))
         except Exception as e:
             traceback.print_exc()
-            rows.append({"op": fn.__name__, "size": case[0], "shape": str(case[1:]), "error": repr(e)[:200]})
+            name = getattr(fn, "func", fn).__name__
+            rows.append({"op": name, "size": case[0], "shape": str(case[1:]), "error": repr(e)[:200]})
         print(json.dumps(rows[-1]), flush=True)
     meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d")}
     with open(args.out, "w") as f:

@@ -1,9 +1,10 @@
 """Cache pools of the hybrid model and their allocators.
 
 Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, hd]``. GDN layers: a
-state-slot pool per layer, conv ``[num_slots, K-1, C]`` (model dtype) and recurrent ``[num_slots, Hv, dk, dv]``
-fp32. Page 0 and slot 0 are null: padded rows of a fixed-shape batch read and write there. The slot
-pool also holds each request's token statistics for the sampling penalties.
+state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of the last raw columns,
+position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
+padded rows of a fixed-shape batch read and write there. The slot pool also holds each request's token
+statistics for the sampling penalties.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class CacheLayout:
 def slot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
     """Device bytes one request slot takes: GDN conv + recurrent state over all GDN layers, penalty counts."""
     c = config
-    per_layer = (c.linear_conv_kernel_dim - 1) * c.conv_dim * jnp.dtype(dtype).itemsize
+    per_layer = c.linear_conv_kernel_dim * c.conv_dim * jnp.dtype(dtype).itemsize
     per_layer += c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
     return per_layer * len(c.linear_layers) + vocab * 5
 
@@ -55,7 +56,7 @@ def pool_shapes(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int, kv
             layers.append({"k": kv, "v": kv})
         else:
             layers.append({
-                "conv": shape((layout.num_slots, c.linear_conv_kernel_dim - 1, c.conv_dim), dtype),
+                "conv": shape((layout.num_slots, c.linear_conv_kernel_dim, c.conv_dim), dtype),
                 "state": shape((layout.num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
                                 c.linear_value_head_dim), F32),
             })

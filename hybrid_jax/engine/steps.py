@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
-from hybrid_jax.layers.gdn import GatedDeltaNet
+from hybrid_jax.layers.gdn import GatedDeltaNet, conv_ring_columns
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
@@ -165,17 +165,22 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
         return kernels.prefill_attention(q, k_pages, v_pages, batch.page_tables, batch.cu_seqlens,
                                          batch.context_lens, scale=scale)
 
+    new_tokens = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]  # [S]
+    seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
+
     def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
         state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
         mixed, z, b, a = gdn.in_projections(h)
-        conv_out, new_conv = _packed_conv(gdn, mixed, conv_pool[batch.slot_ids], batch)
+        ring = conv_pool[batch.slot_ids]  # [S, K, C]
+        before = conv_ring_columns(batch.context_lens - new_tokens, gdn.kernel)  # [S, K-1]: the cached columns
+        conv_out, new_conv = _packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1), batch)
         q, k, v = (t.astype(dtype) for t in gdn.heads(conv_out))  # the kernel's fast path takes bf16
         g, beta = gdn.gates(b, a)
         o, state_pool = kernels.gdn_chunk(q, k, v, g, beta, batch.cu_seqlens, batch.slot_ids, state_pool)
-        has_tokens = (batch.cu_seqlens[1:] > batch.cu_seqlens[:-1])[:, None, None]
-        conv_pool = conv_pool.at[batch.slot_ids].set(
-            jnp.where(has_tokens, new_conv.astype(conv_pool.dtype), conv_pool[batch.slot_ids]))
+        after = conv_ring_columns(batch.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
+        new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
+        conv_pool = conv_pool.at[batch.slot_ids].set(jnp.where((new_tokens > 0)[:, None, None], new_ring, ring))
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
@@ -210,15 +215,17 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
             o, conv_pool, state_pool = gdn_decode_fused(
                 mixed.astype(pool["conv"].dtype), a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...],
-                batch.slot_ids, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
-                head_v_dim=gdn.v_dim)
+                batch.slot_ids, batch.positions, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads,
+                head_k_dim=gdn.k_dim, head_v_dim=gdn.v_dim)
         else:  # conv channels are split across shards by position, not by head: unfused
-            conv_prev = pool["conv"][batch.slot_ids]  # [B, K-1, C]
-            window = jnp.concatenate([conv_prev, mixed[:, None].astype(conv_prev.dtype)], axis=1)
+            conv_pool = pool["conv"]  # [slots, K, C] ring
+            before = conv_ring_columns(batch.positions, gdn.kernel)[..., None]  # [B, K-1, 1]
+            cached = jnp.take_along_axis(conv_pool[batch.slot_ids], before, axis=1)  # [B, K-1, C]
+            window = jnp.concatenate([cached, mixed[:, None].astype(conv_pool.dtype)], axis=1)
             q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
             g, beta = gdn.gates(b, a)
             o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
-            conv_pool = pool["conv"].at[batch.slot_ids].set(window[:, 1:])
+            conv_pool = conv_pool.at[batch.slot_ids, batch.positions % gdn.kernel].set(window[:, -1])
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]

@@ -33,6 +33,14 @@ def causal_conv(window: jax.Array, weight: jax.Array) -> jax.Array:
     return sum(window[..., j: j + t, :].astype(F32) * w[j] for j in range(kernel))
 
 
+def conv_ring_columns(next_pos: jax.Array, kernel: int) -> jax.Array:
+    """Where the K-1 raw columns before position ``next_pos`` sit in a conv ring of K columns (position t at
+    column t mod K): next_pos [...] int -> [..., K-1] int32, oldest first. Column next_pos mod K is free, so
+    a step can write its new column there while others still read these."""
+    offsets = jnp.arange(1, kernel, dtype=jnp.int32)  # t - (K-1) + j = t + 1 + j mod K: never negative
+    return (next_pos.astype(jnp.int32)[..., None] + offsets) % kernel
+
+
 class DepthwiseConv(nnx.Module):
     """Holds the conv kernel ``[K, C]`` (HF stores ``conv1d.weight`` as ``[C, 1, K]``)."""
 

@@ -45,7 +45,8 @@ def gdn_decode_fused(
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]
     slot_ids: jax.Array,  # [B] int32
-    conv_pool: jax.Array,  # [slots, K-1, C] raw pre-conv columns, time-major
+    positions: jax.Array,  # [B] int32 position of each row's token
+    conv_pool: jax.Array,  # [slots, K, C] raw pre-conv columns, a ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
@@ -54,25 +55,25 @@ def gdn_decode_fused(
     impl: Impl = "auto",
     **tuning,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
-    """Conv-state shift + conv + SiLU, L2 norms, gates and the state update of the GDN decode step, in place on
-    both pools when the caller donates them."""
+    """Conv over the ring + SiLU, the token's column into the ring, L2 norms, gates and the state update of the
+    GDN decode step, in place on both pools when the caller donates them."""
     num_v_heads = a.shape[1]
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     reason = gdn_unsupported(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
     if reason is None and (
         mixed_qkv.shape[1] != channels
         or conv_weight.shape[1] != channels
-        or conv_pool.shape[1:] != (conv_weight.shape[0] - 1, channels)
+        or conv_pool.shape[1:] != (conv_weight.shape[0], channels)
     ):
         reason = (
             f"mixed_qkv {mixed_qkv.shape} / conv_weight {conv_weight.shape} / conv_pool {conv_pool.shape}: "
-            f"need C = {channels} channels and K-1 cached columns"
+            f"need C = {channels} channels and a ring of K columns"
         )
     if reason is None and mixed_qkv.dtype not in _DTYPES:
         reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
-    args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, conv_pool, state_pool)
+    args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, positions, conv_pool, state_pool)
     if interpret is None:
         return reference.gdn_decode_fused(*args, **heads)
     return kernel.gdn_decode_fused(*args, **heads, interpret=interpret, **tuning)

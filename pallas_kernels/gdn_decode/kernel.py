@@ -14,12 +14,15 @@ block of dv columns):
     S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q
 
 - `gdn_decode`: grid (row, value head, dv block), key head `h // group` read in place.
-- `gdn_decode_fused`: grid (row, key head). A program owns every channel of one key head's group, which
-  makes the in-place conv-state shift race-free: its q and k channels and the v channels of the `group`
-  value heads that read them. It loads the conv window (K-1 cached raw columns + the new one), applies the
-  depthwise conv + SiLU in fp32, L2-normalises q and k (q also scaled by dk^-1/2), writes the shifted raw
-  window back, computes g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b), then runs the state
-  update of each of its value heads, dv block by dv block. State traffic: one read and one write.
+- `gdn_decode_fused`: the same grid, from the raw projections. The conv state is a ring of K raw columns
+  per slot (position t at column t mod K), so no column moves: a program reads the K-1 columns before its
+  token, and the token's own column, the one ring column nobody reads this step, is written by the program
+  that owns those channels (its v block's; the key head's q and k by the first program of that head). Each
+  program applies the depthwise conv + SiLU in fp32 to its key head's q and k channels and its v block,
+  L2-normalises q and k (q also scaled by dk^-1/2), computes g = -exp(A_log) softplus(a + dt_bias) and
+  beta = sigmoid(b), and updates its state tile. State traffic: one read and one write; q and k of a key
+  head are convolved by each of its programs (a few KiB, against the tile's 2 x 64 KiB / (dv / block_v)).
+  Splitting dv keeps one-row batches on many SMs: with a program per key head, batch 1 ran on 16.
 
 Why the Triton lowering (to be confirmed by measurement on the H200): the work is elementwise products and
 reductions over [dk, block_v] tiles with no matmul worth a tensor core (one key per step), so wgmma and TMA,
@@ -27,9 +30,8 @@ Mosaic GPU's strengths, buy little; what matters is enough programs / loads in f
 which plain vectorised loads under Triton give, with no barrier or pipeline bookkeeping.
 
 Within a program, Triton does not order a thread's global store after another thread's load of the same
-address: the fused kernel puts a CTA barrier between reading the old conv window and writing the shifted
-one (the state needs none: each stored element depends, through the reduction S^T k, on every loaded
-element of its column).
+address. The conv ring needs no ordering (no address is both read and written in a step), and the state
+needs none: each stored element depends, through the reduction S^T k, on every loaded element of its column.
 """
 
 import functools
@@ -92,11 +94,11 @@ def _check_block_v(block_v: int, dv: int) -> None:
         raise ValueError(f"block_v must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
 
 
-def _pick_block_v(programs_per_block: int, dv: int) -> int:
-    """Widest dv block in [32, 64] that still gives ~2 waves of programs (64: a [128, 64] fp32 tile is 64
-    registers a thread at 4 warps)."""
-    block_v = min(dv, 64)
-    while block_v > 32 and programs_per_block * (dv // block_v) < _TARGET_PROGRAMS:
+def _pick_block_v(programs_per_block: int, dv: int, widest: int = 64, narrowest: int = 32) -> int:
+    """Widest dv block in [narrowest, widest] that still gives ~2 waves of programs (64: a [128, 64] fp32 tile
+    is 64 registers a thread at 4 warps)."""
+    block_v = min(dv, widest)
+    while block_v > narrowest and programs_per_block * (dv // block_v) < _TARGET_PROGRAMS:
         block_v //= 2
     return block_v
 
@@ -138,6 +140,7 @@ def gdn_decode(
 
 def _fused_kernel(
     slot_ref,
+    pos_ref,
     mixed_ref,
     a_ref,
     b_ref,
@@ -153,52 +156,48 @@ def _fused_kernel(
     num_k_heads: int,
     head_k_dim: int,
     block_v: int,
-    barrier: bool,
 ):
-    """Program (row b, key head hk): the conv, norms, gates and state updates of hk's channels and value heads."""
+    """Program (row b, value head h, dv block): the conv of its channels, the norms, gates and the state update
+    of one [dk, block_v] tile of h."""
     del conv_in_ref, state_in_ref  # the same buffers as conv_ref / state_ref (aliased)
-    b, hk = pl.program_id(0), pl.program_id(1)
+    b, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     _, num_v_heads, head_v_dim = o_ref.shape
     group = num_v_heads // num_k_heads
+    hk = h // group
     key_dim = num_k_heads * head_k_dim
-    width = w_ref.shape[0]  # conv kernel size K
-    slot = slot_ref[b]
-    heads = [hk * group + i for i in range(group)]
+    width = w_ref.shape[0]  # conv kernel size K = ring columns
+    slot, pos = slot_ref[b], pos_ref[b]
+    cached = [jax.lax.rem(pos + 1 + j, width) for j in range(width - 1)]  # ring columns of pos-K+1 .. pos-1
+    new = jax.lax.rem(pos, width)  # the token's column: read by no program of this step
+    q_ch = pl.ds(hk * head_k_dim, head_k_dim)
+    k_ch = pl.ds(key_dim + hk * head_k_dim, head_k_dim)
+    v_ch = pl.ds(2 * key_dim + h * head_v_dim + vb * block_v, block_v)
+    cols = pl.ds(vb * block_v, block_v)
 
-    # Channel ranges of this program: q and k of key head hk, then the dv blocks of its value heads, head-major.
-    channels = [pl.ds(hk * head_k_dim, head_k_dim), pl.ds(key_dim + hk * head_k_dim, head_k_dim)]
-    channels += [pl.ds(2 * key_dim + h * head_v_dim + c, block_v) for h in heads for c in range(0, head_v_dim, block_v)]
-
-    def conv_silu(ch):  # -> (silu(conv) [n] fp32, the shifted raw window: K-1 columns [n])
-        window = [conv_ref[slot, j, ch].astype(mixed_ref.dtype) for j in range(width - 1)]
-        window.append(mixed_ref[b, ch])
+    def conv_silu(ch):  # -> silu(conv) [n] fp32 of the window: K-1 cached raw columns, then the new one
+        window = [conv_ref[slot, c, ch].astype(mixed_ref.dtype) for c in cached] + [mixed_ref[b, ch]]
         x = sum(window[j].astype(F32) * w_ref[j, ch].astype(F32) for j in range(width))
-        return x * jax.nn.sigmoid(x), window[1:]
+        return x * jax.nn.sigmoid(x)
 
     @pl.when(slot != 0)
     def _real_row():
-        convs = [conv_silu(ch) for ch in channels]
-        if barrier:  # every read of the old window precedes the writes of the shifted one
-            plgpu.debug_barrier()
-        for ch, (_, shifted) in zip(channels, convs, strict=True):
-            for j, column in enumerate(shifted):
-                conv_ref[slot, j, ch] = column.astype(conv_ref.dtype)
+        q = l2_normalize(conv_silu(q_ch)) * head_k_dim**-0.5  # [dk]
+        k = l2_normalize(conv_silu(k_ch))  # [dk]
+        v = conv_silu(v_ch)  # [bv]
+        conv_ref[slot, new, v_ch] = mixed_ref[b, v_ch].astype(conv_ref.dtype)
 
-        q = l2_normalize(convs[0][0]) * head_k_dim**-0.5  # [dk]
-        k = l2_normalize(convs[1][0])  # [dk]
-        v_blocks = iter(x for x, _ in convs[2:])  # [bv] each, in the order of the loops below
-        for h in heads:
-            g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(
-                a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
-            beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
-            for c in range(0, head_v_dim, block_v):
-                cols = pl.ds(c, block_v)
-                o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, next(v_blocks), g, beta)
+        @pl.when((vb == 0) & (jax.lax.rem(h, group) == 0))  # one writer of the key head's q and k columns
+        def _():
+            conv_ref[slot, new, q_ch] = mixed_ref[b, q_ch].astype(conv_ref.dtype)
+            conv_ref[slot, new, k_ch] = mixed_ref[b, k_ch].astype(conv_ref.dtype)
+
+        g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
+        beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
+        o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, v, g, beta)
 
     @pl.when(slot == 0)
     def _padding_row():
-        for h in heads:
-            o_ref[b, h, :] = jnp.zeros((head_v_dim,), F32)
+        o_ref[b, h, cols] = jnp.zeros((block_v,), F32)
 
 
 @functools.partial(
@@ -212,29 +211,28 @@ def gdn_decode_fused(
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]
     slot_ids: jax.Array,  # [B] int32
-    conv_pool: jax.Array,  # [slots, K-1, C]
+    positions: jax.Array,  # [B] int32
+    conv_pool: jax.Array,  # [slots, K, C] ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
-    block_v: int = 128,
+    block_v: int | None = None,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
     """The GDN decode step from the raw projections, in place on both (donated) pools.
 
-    block_v: dv columns of the state tile a program holds at a time (power of two dividing dv). 128 with 4
-    warps was the fastest of 32/64/128 x 4/8 warps on the H200 at batch 64, 9B and 27B shapes (the 27B
-    sweep stopped before 128 x 8 warps; `bench_kernels.py --decode-sweep`): 2.9-3.0 TB/s of state traffic.
+    block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
+    fill the GPU for this batch.
     """
     batch = mixed_qkv.shape[0]
     num_v_heads = a.shape[1]
-    block_v = min(block_v, head_v_dim)
+    if block_v is None:
+        block_v = _pick_block_v(batch * num_v_heads, head_v_dim, widest=128, narrowest=16)
     _check_block_v(block_v, head_v_dim)
-    kernel = functools.partial(
-        _fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v, barrier=not interpret
-    )
+    kernel = functools.partial(_fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v)
     return pl.pallas_call(
         kernel,
         out_shape=(
@@ -242,11 +240,12 @@ def gdn_decode_fused(
             jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
             jax.ShapeDtypeStruct(state_pool.shape, F32),
         ),
-        grid=(batch, num_k_heads),
-        in_specs=[pl.no_block_spec] * 9,
+        grid=(batch, num_v_heads, head_v_dim // block_v),
+        in_specs=[pl.no_block_spec] * 10,
         out_specs=(pl.no_block_spec,) * 3,
-        input_output_aliases={7: 1, 8: 2},
+        input_output_aliases={8: 1, 9: 2},
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         name="gdn_decode_fused",
-    )(slot_ids.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias, conv_pool, state_pool)
+    )(slot_ids.astype(jnp.int32), positions.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias,
+      conv_pool, state_pool)

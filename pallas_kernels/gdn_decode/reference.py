@@ -9,7 +9,7 @@ several rows write one slot, one of them wins).
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.layers.gdn import causal_conv, l2_normalize
+from hybrid_jax.layers.gdn import causal_conv, conv_ring_columns, l2_normalize
 from hybrid_jax.ops.gated_delta import gated_delta_step
 
 F32 = jnp.float32
@@ -48,23 +48,26 @@ def gdn_decode_fused(
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]
     slot_ids: jax.Array,  # [B] int32
-    conv_pool: jax.Array,  # [slots, K-1, C] raw pre-conv columns, time-major
+    positions: jax.Array,  # [B] int32 position of each row's token
+    conv_pool: jax.Array,  # [slots, K, C] raw pre-conv columns, a ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
-    """The GDN layer's decode step from the raw projections: conv-state shift, depthwise conv + SiLU, L2 norm
-    and q scaling, gates, and the state update (as `GatedDeltaNet.project` + `gated_delta_step`)."""
-    batch = mixed_qkv.shape[0]
+    """The GDN layer's decode step from the raw projections: depthwise conv + SiLU over the ring's K-1 columns
+    before the token and its own, the token's column into the ring, L2 norm and q scaling, gates, and the state
+    update (as `GatedDeltaNet.project` + `gated_delta_step`)."""
+    batch, width = mixed_qkv.shape[0], conv_weight.shape[0]
     key_dim = num_k_heads * head_k_dim
-    window = jnp.concatenate([conv_pool[slot_ids].astype(mixed_qkv.dtype), mixed_qkv[:, None]], axis=1)  # [B, K, C]
+    cached = jnp.take_along_axis(conv_pool[slot_ids], conv_ring_columns(positions, width)[..., None], axis=1)
+    window = jnp.concatenate([cached.astype(mixed_qkv.dtype), mixed_qkv[:, None]], axis=1)  # [B, K, C]
     mixed = jax.nn.silu(causal_conv(window, conv_weight)[:, 0])  # [B, C] fp32
     q = l2_normalize(mixed[:, :key_dim].reshape(batch, num_k_heads, head_k_dim)) * head_k_dim**-0.5
     k = l2_normalize(mixed[:, key_dim : 2 * key_dim].reshape(batch, num_k_heads, head_k_dim))
     v = mixed[:, 2 * key_dim :].reshape(batch, -1, head_v_dim)  # [B, Hv, dv]
     g, beta = decode_gates(a, b, A_log, dt_bias)
     o, state_pool = gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
-    conv_pool = conv_pool.at[slot_ids].set(window[:, 1:].astype(conv_pool.dtype))
+    conv_pool = conv_pool.at[slot_ids, positions % width].set(mixed_qkv.astype(conv_pool.dtype))
     return o, conv_pool, state_pool

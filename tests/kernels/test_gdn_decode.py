@@ -46,6 +46,8 @@ class Step:
         num_slots = 1 + num_real + spare_slots
         real = rng.permutation(np.arange(1, num_slots))[:num_real]
         self.slots = np.concatenate([real, np.zeros(num_pad, int)]).astype(np.int32)  # [B]
+        # token positions: some before the conv ring first fills (< K), padded rows at 0
+        self.positions = np.concatenate([rng.integers(0, 3 * CONV_KERNEL, num_real), np.zeros(num_pad, int)])
         self.heads = (num_k_heads, num_v_heads, dk, dv)
         self.dtype = dtype
         self.q = jnp.asarray(_l2(self.normal(batch, num_k_heads, dk)) * dk**-0.5, dtype)  # [B, Hk, dk]
@@ -62,10 +64,10 @@ class Step:
         return self.q, self.k, self.v, self.g, self.beta, jnp.asarray(self.slots), self.state_pool
 
     def fused_args(self):
-        """Raw-projection inputs of the fused step (and a random conv pool), for the same rows and slots."""
+        """Raw-projection inputs of the fused step (and a random conv ring pool), for the same rows and slots."""
         num_k_heads, num_v_heads, dk, dv = self.heads
         batch, channels = len(self.slots), 2 * num_k_heads * dk + num_v_heads * dv
-        conv_pool = jnp.asarray(self.normal(self.state_pool.shape[0], CONV_KERNEL - 1, channels), self.dtype)
+        conv_pool = jnp.asarray(self.normal(self.state_pool.shape[0], CONV_KERNEL, channels), self.dtype)
         return (
             jnp.asarray(self.normal(batch, channels), self.dtype),  # mixed_qkv [B, C]
             jnp.asarray(self.normal(batch, num_v_heads), self.dtype),  # a [B, Hv]
@@ -74,6 +76,7 @@ class Step:
             jnp.asarray(np.log(self.rng.uniform(1, 16, num_v_heads)), jnp.float32),  # A_log [Hv]
             jnp.asarray(self.normal(num_v_heads), self.dtype),  # dt_bias [Hv]
             jnp.asarray(self.slots),
+            jnp.asarray(self.positions, jnp.int32),
             conv_pool,
             self.state_pool,
         )
@@ -136,10 +139,12 @@ def test_fused_reference_matches_layer(dtype):
     slots = jnp.asarray(step.slots)
     mixed, _, b, a = layer.in_projections(x[:, 0])  # the engine rounds mixed to the conv pool's dtype
     mixed = mixed.astype(dtype)
-    window = jnp.concatenate([conv_pool[slots], mixed[:, None]], axis=1)  # [B, K, C]
+    # ring column of position t: t mod K; the window is the K-1 positions before the token's, then its own
+    before = (step.positions[:, None] + np.arange(1 - CONV_KERNEL, 0)) % CONV_KERNEL  # [B, K-1]
+    cached = np.asarray(conv_pool)[step.slots[:, None], before]  # [B, K-1, C]
+    window = jnp.concatenate([jnp.asarray(cached), mixed[:, None]], axis=1)  # [B, K, C]
     q, k, v = layer.heads(causal_conv(window, layer.conv1d.weight[...])[:, 0])
     g, beta = layer.gates(b, a)
-    conv = window[:, 1:]
     o_want, state = gated_delta_step(q, k, v, g, beta, state_pool[slots])
 
     o, conv_out, state_out = reference.gdn_decode_fused(
@@ -150,13 +155,15 @@ def test_fused_reference_matches_layer(dtype):
         layer.A_log[...],
         layer.dt_bias[...],
         slots,
+        jnp.asarray(step.positions, jnp.int32),
         conv_pool,
         state_pool,
         **step.head_kwargs(),
     )
     _assert_close(o[:3], o_want[:3])
     step.check_pool(state_out, state_pool.at[slots].set(state), state_pool)
-    step.check_pool(conv_out, conv_pool.at[slots].set(conv.astype(conv_pool.dtype)), conv_pool)
+    conv_want = conv_pool.at[slots, step.positions % CONV_KERNEL].set(mixed.astype(conv_pool.dtype))
+    step.check_pool(conv_out, conv_want, conv_pool)
 
 
 # ---------------------------------------------------------------- the kernels against the references
@@ -209,7 +216,7 @@ def test_kernels_real_shapes_in_place_gpu(num_v_heads):
 
     args = step.fused_args()
     want = reference.gdn_decode_fused(*args, **step.head_kwargs())
-    got = jax.jit(lambda *a: gd.gdn_decode_fused(*a, **step.head_kwargs(), impl="kernel"), donate_argnums=(7, 8))(
+    got = jax.jit(lambda *a: gd.gdn_decode_fused(*a, **step.head_kwargs(), impl="kernel"), donate_argnums=(8, 9))(
         *args[:-2], jnp.array(args[-2], copy=True), jnp.array(args[-1], copy=True)
     )
     _assert_close(got[0][:61], want[0][:61])
