@@ -285,7 +285,10 @@ class Engine:
         programs += [(f"prefill T={size}", self._prefill, self.prefill_batch([], size))
                      for size in self.config.prefill_buckets]
 
-        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.pools)
+        # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
+        # from the compiled one's, and every program would compile again on its first call.
+        placed = lambda a: a.sharding if self.mesh is not None else None
+        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a)), self.pools)
         self.pools = None
 
         def compile_program(program) -> tuple[str, float]:
