@@ -15,11 +15,14 @@ Mosaic GPU would change: per-page TMA copies `k_pages[page, :, h, :]` into an SM
 (TMA gathers of rows only come with Blackwell), wgmma with M = 64 per warpgroup (decode would pad its
 `G` rows to 64 or swap operands so the keys form M), page table and lengths read from SMEM.
 
-First figures (one H200, jax 0.11.2, random bf16 data, 9B attention shapes Hq 16 / Hkv 4 / hd 256, page
-16; 20 calls unrolled in one jit): decode B=64 ctx 4096 285 us = 3.8 TB/s of KV (XLA dense attention on
-unpaged KV: 326 us), B=64 ctx 8192 526 us = 4.1 TB/s (XLA 620); B <= 8 ~20-60 us, on par with XLA
-(launch bound). Causal prefill T=4096 398 us = 345 TFLOP/s (cuDNN dense 303 us, XLA dense 1343 us);
-T=8192 1454 us (cuDNN 954); extend 512 on a 3584 prefix 140 us. write_kv T=4096: 20 us (XLA scatter 87).
+Figures (one H200, jax 0.11.2, random bf16 data, 9B attention shapes Hq 16 / Hkv 4 / hd 256, page 16):
+decode B=64 ctx 4096 254 us of device time with the split combine = 4.2 TB/s of KV (`bench_kernels.py
+--attention-sweep`: block_kv 32 or 128 and 8 warps were slower; one split was 3% faster in that one run,
+so the default is kept). A synchronous call's wall time, ~0.49 ms, is mostly dispatch and sync. First
+session, 20 calls unrolled in one jit: B=64 ctx 4096 285 us (XLA dense attention on unpaged KV: 326 us),
+B=64 ctx 8192 526 us = 4.1 TB/s (XLA 620); B <= 8 ~20-60 us, on par with XLA (launch bound). Causal
+prefill T=4096 398 us = 345 TFLOP/s (cuDNN dense 303 us, XLA dense 1343 us); T=8192 1454 us (cuDNN 954);
+extend 512 on a 3584 prefix 140 us. write_kv T=4096: 20 us (XLA scatter 87).
 
 Shared scheme of the attention kernels:
 - One program handles the query rows of ONE KV head: rows are (token, q head) pairs of that head's group,
