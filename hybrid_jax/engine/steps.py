@@ -212,7 +212,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
 
     def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
-        if kernels.mesh is None:  # one kernel: conv shift + conv, norms, gates, state update
+        if kernels.mesh is None:  # one kernel: conv over the ring, norms, gates, state update
             o, conv_pool, state_pool = gdn_decode_fused(
                 mixed.astype(pool["conv"].dtype), a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...],
                 batch.slot_ids, batch.positions, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads,
