@@ -20,6 +20,7 @@ from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
+from pallas_kernels.gemv import padded_rows
 from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
 
 F32 = jnp.float32
@@ -128,31 +129,42 @@ def _reset_rows(pool, slot_ids, reset):
     return pool.at[slot_ids].set(jnp.where(mask, jnp.zeros_like(rows), rows))
 
 
+def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
+    """a [N, ...] -> [rows, ...] with zero rows after the N."""
+    return a if a.shape[0] == rows else jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+
 def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_mapping, kernels: Kernels, attend,
                     linear_attention):
-    """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens.
+    """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens, positions [N].
 
-    ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV cache (new K/V already written);
-    ``linear_attention(gdn, h, pool, dtype) -> (y, new pool)`` runs a GDN mixer over its slot pool.
-    Returns the final residual stream and the new per-layer pools.
+    The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so no
+    projection pads its input; each norm runs inside the projection that follows it. The mixers see the N
+    real rows. ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV cache (new K/V already written);
+    ``linear_attention(gdn, x, norm, pool, dtype) -> (y [N, D], new pool)`` runs a GDN mixer over its slot
+    pool from the padded stream x and the norm before it. Returns the final residual stream [N, D] and the
+    new per-layer pools.
     """
+    n = x.shape[0]
+    rows = padded_rows(n)
+    x = _pad_rows(x, rows)  # [rows, D]
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
-        h = layer.input_layernorm(x, dtype)
         if layer.is_attention:
             attn = layer.self_attn
-            q, k, v, gate = attn.project(h, positions)  # [N, H, hd]
+            projected = attn.project(x, _pad_rows(positions, rows), norm=layer.input_layernorm)
+            q, k, v, gate = (t[:n] for t in projected)  # [N, H, hd]
             k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
             k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
-            h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(h.dtype), gate)
+            h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
             pool = {"k": k_pages, "v": v_pages}
         else:
-            h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
+            h, pool = linear_attention(layer.linear_attn, x, layer.input_layernorm, pool, dtype)
         new_layers.append(pool)
-        x = x + h
-        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
-    return x, new_layers
+        x = x + _pad_rows(h, rows)
+        x = x + layer.mlp(x, norm=layer.post_attention_layernorm)
+    return x[:n], new_layers
 
 
 def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
@@ -168,10 +180,11 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
     new_tokens = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]  # [S]
     seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
 
-    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
+    def linear_attention(gdn: GatedDeltaNet, x, norm, pool, dtype):
         conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
         state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
-        mixed, z, b, a = gdn.in_projections(h)
+        n = batch.tokens.shape[0]
+        mixed, z, b, a = (t[:n] for t in gdn.in_projections(x, norm))
         ring = conv_pool[batch.slot_ids]  # [S, K, C]
         before = conv_ring_columns(batch.context_lens - new_tokens, gdn.kernel)  # [S, K-1]: the cached columns
         conv_out, new_conv = _packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1), batch)
@@ -210,14 +223,17 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     def attend(q, k_pages, v_pages, scale):
         return kernels.decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=scale)
 
-    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
-        mixed, z, b, a = gdn.in_projections(h)  # [B, C], [B, Hv, dv], [B, Hv], [B, Hv]
-        if kernels.mesh is None:  # one kernel: conv over the ring, norms, gates, state update
+    def linear_attention(gdn: GatedDeltaNet, x, norm, pool, dtype):
+        n = batch.tokens.shape[0]
+        mixed, z, b, a = gdn.in_projections(x, norm)  # padded: [rows, C], [rows, Hv, dv], [rows, Hv], [rows, Hv]
+        z = z[:n]
+        if kernels.mesh is None:  # one kernel: conv over the ring, norms, gates, state update (reads the B rows)
             o, conv_pool, state_pool = gdn_decode_fused(
-                mixed.astype(pool["conv"].dtype), a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...],
-                batch.slot_ids, batch.positions, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads,
-                head_k_dim=gdn.k_dim, head_v_dim=gdn.v_dim)
+                mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
+                batch.positions, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
+                head_v_dim=gdn.v_dim)
         else:  # conv channels are split across shards by position, not by head: unfused
+            mixed, b, a = mixed[:n], b[:n], a[:n]
             conv_pool = pool["conv"]  # [slots, K, C] ring
             before = conv_ring_columns(batch.positions, gdn.kernel)[..., None]  # [B, K-1, 1]
             cached = jnp.take_along_axis(conv_pool[batch.slot_ids], before, axis=1)  # [B, K-1, C]

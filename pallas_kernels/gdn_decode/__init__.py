@@ -38,9 +38,9 @@ def gdn_decode(
 
 
 def gdn_decode_fused(
-    mixed_qkv: jax.Array,  # [B, C] raw in_proj_qkv output (q | k | v channels), model dtype
-    a: jax.Array,  # [B, Hv] raw decay projection
-    b: jax.Array,  # [B, Hv] raw beta projection
+    mixed_qkv: jax.Array,  # [>= B, C] raw in_proj_qkv output (q | k | v channels); rows past B are not read
+    a: jax.Array,  # [>= B, Hv] raw decay projection
+    b: jax.Array,  # [>= B, Hv] raw beta projection
     conv_weight: jax.Array,  # [K, C]
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]

@@ -204,9 +204,9 @@ def _fused_kernel(
     jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "block_v", "num_warps", "interpret")
 )
 def gdn_decode_fused(
-    mixed_qkv: jax.Array,  # [B, C]
-    a: jax.Array,  # [B, Hv]
-    b: jax.Array,  # [B, Hv]
+    mixed_qkv: jax.Array,  # [>= B, C]: rows past B (a padded batch) are not read
+    a: jax.Array,  # [>= B, Hv]
+    b: jax.Array,  # [>= B, Hv]
     conv_weight: jax.Array,  # [K, C]
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]
@@ -230,7 +230,7 @@ def gdn_decode_fused(
     and 4 warps, 0.096 ms at 9B and 0.138 ms at 27B, 65-68% of 4.3 TB/s of state traffic (70-73% before:
     each key head's q/k is now convolved once per program); 8 warps and narrower tiles were slower there.
     """
-    batch = mixed_qkv.shape[0]
+    batch = slot_ids.shape[0]
     num_v_heads = a.shape[1]
     if block_v is None:
         block_v = _pick_block_v(batch * num_v_heads, head_v_dim, widest=128, narrowest=16)

@@ -41,9 +41,9 @@ def decode_gates(
 
 
 def gdn_decode_fused(
-    mixed_qkv: jax.Array,  # [B, C] raw in_proj_qkv output (q | k | v channels), model dtype
-    a: jax.Array,  # [B, Hv]
-    b: jax.Array,  # [B, Hv]
+    mixed_qkv: jax.Array,  # [>= B, C] raw in_proj_qkv output (q | k | v channels); rows past B are not read
+    a: jax.Array,  # [>= B, Hv]
+    b: jax.Array,  # [>= B, Hv]
     conv_weight: jax.Array,  # [K, C]
     A_log: jax.Array,  # [Hv] fp32
     dt_bias: jax.Array,  # [Hv]
@@ -59,7 +59,8 @@ def gdn_decode_fused(
     """The GDN layer's decode step from the raw projections: depthwise conv + SiLU over the ring's K-1 columns
     before the token and its own, the token's column into the ring, L2 norm and q scaling, gates, and the state
     update (as `GatedDeltaNet.project` + `gated_delta_step`)."""
-    batch, width = mixed_qkv.shape[0], conv_weight.shape[0]
+    batch, width = slot_ids.shape[0], conv_weight.shape[0]
+    mixed_qkv, a, b = mixed_qkv[:batch], a[:batch], b[:batch]
     key_dim = num_k_heads * head_k_dim
     cached = jnp.take_along_axis(conv_pool[slot_ids], conv_ring_columns(positions, width)[..., None], axis=1)
     window = jnp.concatenate([cached.astype(mixed_qkv.dtype), mixed_qkv[:, None]], axis=1)  # [B, K, C]

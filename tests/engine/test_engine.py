@@ -59,6 +59,19 @@ def test_greedy_matches_plain_model(model, prompts, reference, chunk, steps):
         engine.shutdown()
 
 
+def test_padded_residual_stream_matches_plain_model(model, prompts, reference, monkeypatch):
+    """On a GPU the steps pad their rows to the few-row kernel's 16 (zero rows that the mixers never see); the
+    same padding here must leave every token as it was."""
+    import hybrid_jax.engine.steps as steps
+
+    monkeypatch.setattr(steps, "padded_rows", lambda n: max(n, 16))
+    engine = make_engine(model, decode_steps=2)
+    try:
+        assert [tokens(engine.submit(p, GREEDY)) for p in prompts[:4]] == reference[:4]
+    finally:
+        engine.shutdown()
+
+
 def test_mid_flight_arrivals_and_cancellation(model, prompts, reference):
     engine = make_engine(model)
     try:

@@ -199,6 +199,22 @@ def test_fused_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tunin
     _assert_padding_skipped(o, [(conv, args[-2]), (state, args[-1])], step.num_real)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fused_kernel_ignores_projection_rows_past_the_batch(impl):
+    """The engine hands over its projections padded to the few-row kernel's rows: those past the batch (random
+    here) are never read."""
+    step = Step(5, 4, 3, 2, 4, 16, 32, jnp.bfloat16)
+    args = step.fused_args()
+    heads = step.head_kwargs()
+    want = gd.gdn_decode_fused(*args, **heads, impl=impl)
+    extra = jax.random.normal(jax.random.key(1), (9, args[0].shape[1] + 2 * args[1].shape[1]), jnp.float32)
+    mixed, a, b = (jnp.concatenate([t, e.astype(t.dtype)]) for t, e in zip(
+        args[:3], jnp.split(extra, [args[0].shape[1], args[0].shape[1] + args[1].shape[1]], axis=1), strict=True))
+    got = gd.gdn_decode_fused(mixed, a, b, *args[3:], **heads, impl=impl)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("num_v_heads", [16, 32, 48])
 def test_kernels_real_shapes_in_place_gpu(num_v_heads):
