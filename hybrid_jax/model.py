@@ -50,7 +50,7 @@ class DecoderLayer(nnx.Module):
         else:
             h, cache = self.linear_attn(h, cache)
         x = x + h
-        return x + self.mlp(x, norm=self.post_attention_layernorm), cache
+        return x + self.mlp(self.post_attention_layernorm(x, dtype)), cache
 
 
 class Qwen35ForCausalLM(nnx.Module):

@@ -138,12 +138,12 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
                     linear_attention):
     """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens, positions [N].
 
-    The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so no
-    projection pads its input; each norm runs inside the projection that follows it. The mixers see the N
-    real rows. ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV cache (new K/V already written);
-    ``linear_attention(gdn, x, norm, pool, dtype) -> (y [N, D], new pool)`` runs a GDN mixer over its slot
-    pool from the padded stream x and the norm before it. Returns the final residual stream [N, D] and the
-    new per-layer pools.
+    The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so the
+    projections that read it pad nothing and the GDN decode kernel takes their outputs as they come; the
+    mixers' own work sees the N real rows. ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV
+    cache (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N, D], new pool)`` runs a
+    GDN mixer over its slot pool from the padded normed stream h. Returns the final residual stream [N, D] and
+    the new per-layer pools.
     """
     n = x.shape[0]
     rows = padded_rows(n)
@@ -151,19 +151,19 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
+        h = layer.input_layernorm(x, dtype)  # [rows, D]
         if layer.is_attention:
             attn = layer.self_attn
-            projected = attn.project(x, _pad_rows(positions, rows), norm=layer.input_layernorm)
-            q, k, v, gate = (t[:n] for t in projected)  # [N, H, hd]
+            q, k, v, gate = (t[:n] for t in attn.project(h, _pad_rows(positions, rows)))  # [N, H, hd]
             k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
             k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
             h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
             pool = {"k": k_pages, "v": v_pages}
         else:
-            h, pool = linear_attention(layer.linear_attn, x, layer.input_layernorm, pool, dtype)
+            h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
         x = x + _pad_rows(h, rows)
-        x = x + layer.mlp(x, norm=layer.post_attention_layernorm)
+        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
     return x[:n], new_layers
 
 
@@ -180,11 +180,11 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
     new_tokens = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]  # [S]
     seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
 
-    def linear_attention(gdn: GatedDeltaNet, x, norm, pool, dtype):
+    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         conv_pool = _reset_rows(pool["conv"], batch.slot_ids, batch.is_first)
         state_pool = _reset_rows(pool["state"], batch.slot_ids, batch.is_first)
         n = batch.tokens.shape[0]
-        mixed, z, b, a = (t[:n] for t in gdn.in_projections(x, norm))
+        mixed, z, b, a = (t[:n] for t in gdn.in_projections(h))
         ring = conv_pool[batch.slot_ids]  # [S, K, C]
         before = conv_ring_columns(batch.context_lens - new_tokens, gdn.kernel)  # [S, K-1]: the cached columns
         conv_out, new_conv = _packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1), batch)
@@ -223,9 +223,9 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     def attend(q, k_pages, v_pages, scale):
         return kernels.decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=scale)
 
-    def linear_attention(gdn: GatedDeltaNet, x, norm, pool, dtype):
+    def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         n = batch.tokens.shape[0]
-        mixed, z, b, a = gdn.in_projections(x, norm)  # padded: [rows, C], [rows, Hv, dv], [rows, Hv], [rows, Hv]
+        mixed, z, b, a = gdn.in_projections(h)  # padded: [rows, C], [rows, Hv, dv], [rows, Hv], [rows, Hv]
         z = z[:n]
         if kernels.mesh is None:  # one kernel: conv over the ring, norms, gates, state update (reads the B rows)
             o, conv_pool, state_pool = gdn_decode_fused(

@@ -27,11 +27,10 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
-    def project(self, x: jax.Array, positions: jax.Array, norm: RMSNorm | None = None):
-        """``norm(x)`` (x without a norm) [..., T, D], positions [..., T] -> q [..., T, Hq, hd], k, v [..., T, Hkv, hd],
-        gate [..., T, Hq, hd]."""
+    def project(self, x: jax.Array, positions: jax.Array):
+        """x [..., T, D], positions [..., T] -> q [..., T, Hq, hd], k, v [..., T, Hkv, hd], gate [..., T, Hq, hd]."""
         lead = x.shape[:-1]
-        qg, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), norm=norm)
+        qg, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
         qg = qg.reshape(*lead, self.num_heads, 2 * self.head_dim)
         q, gate = qg[..., : self.head_dim], qg[..., self.head_dim:]
         k = k.reshape(*lead, self.num_kv_heads, self.head_dim)

@@ -1,6 +1,5 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
-input (RMS-normalised first, optionally) through several linear layers, as one Pallas launch inside
-`few_row_kernel()` (per shard, under a mesh)."""
+input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh)."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from hybrid_jax.layers.norm import RMSNorm
 from hybrid_jax.sharding import TP
-from pallas_kernels.gemv import RowNorm, gemv
+from pallas_kernels.gemv import gemv
 from pallas_kernels.gemv.reference import gemv as xla_gemv
 
 _FEW_ROW_KERNEL: contextvars.ContextVar[tuple[bool, Mesh | None]] = contextvars.ContextVar(
@@ -49,22 +47,19 @@ class Linear(nnx.Module):
         return project(x, (self,), out_dtype)[0]
 
 
-def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None,
-            norm: RMSNorm | None = None) -> tuple[jax.Array, ...]:
-    """``norm(x)`` (x itself without a norm) [..., in] through each of ``layers`` (same input width) ->
-    ([..., out_i], ...), fp32 accumulation. Inside `few_row_kernel()` the norm runs in the kernel's prologue."""
+def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
+    """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation."""
     weights = tuple(layer.kernel[...] for layer in layers)
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if not enabled:
-        return xla_gemv(x if norm is None else norm(x, weights[0].dtype), weights, out_dtype)
-    row_norm = None if norm is None else norm.row_norm()
+        return xla_gemv(x, weights, out_dtype)
     if mesh is None:
-        return gemv(x, weights, out_dtype, norm=row_norm)
-    return _sharded_gemv(x, weights, tuple(layer.tp_split for layer in layers), mesh, out_dtype, row_norm)
+        return gemv(x, weights, out_dtype)
+    return _sharded_gemv(x, weights, tuple(layer.tp_split for layer in layers), mesh, out_dtype)
 
 
 def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[str | None, ...], mesh: Mesh,
-                  out_dtype, norm: RowNorm | None) -> tuple[jax.Array, ...]:
+                  out_dtype) -> tuple[jax.Array, ...]:
     """`gemv` on each shard's slice of the weights: column-parallel (and whole) weights take x whole and give
     their slice of the output columns; row-parallel ones take x's matching slice and add their fp32 partial
     products over the shards."""
@@ -73,8 +68,6 @@ def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[st
     if "in" in splits:
         if set(splits) != {"in"}:
             raise ValueError(f"project: row-parallel weights cannot share a call with others, got {splits}")
-        if norm is not None:  # a shard holds part of each row: its sum of squares is not the row's
-            raise ValueError("project: a norm cannot precede row-parallel weights")
 
         def per_shard(x_part, *w_parts):  # x_part [M, K / tp], w_parts [K / tp, N]
             ys = gemv(x_part, w_parts, jnp.float32)
@@ -82,17 +75,11 @@ def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[st
 
         in_specs = (P(None, TP), *[P(TP, None)] * len(weights))
         out_specs = (P(),) * len(weights)
-        args = (rows, *weights)
     else:
         def per_shard(x_whole, *w_parts):  # x_whole [M, K], w_parts [K, N / tp] or [K, N]
-            if norm is None:
-                return gemv(x_whole, w_parts, out_dtype)
-            return gemv(x_whole, w_parts[1:], out_dtype, norm=RowNorm(w_parts[0], norm.eps))
+            return gemv(x_whole, w_parts, out_dtype)
 
-        w_specs = [P(None, TP) if s == "out" else P() for s in splits]
-        scale = [] if norm is None else [norm.scale]  # whole on every shard, before the weights
-        in_specs = (P(), *[P()] * len(scale), *w_specs)
+        in_specs = (P(), *[P(None, TP) if s == "out" else P() for s in splits])
         out_specs = tuple(P(None, TP) if s == "out" else P() for s in splits)
-        args = (rows, *scale, *weights)
-    ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+    ys = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(rows, *weights)
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)

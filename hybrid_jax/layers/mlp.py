@@ -6,7 +6,6 @@ import jax
 from flax import nnx
 
 from hybrid_jax.layers.linear import Linear, project
-from hybrid_jax.layers.norm import RMSNorm
 
 
 class MLP(nnx.Module):
@@ -15,7 +14,6 @@ class MLP(nnx.Module):
         self.up_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
         self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
 
-    def __call__(self, x: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
-        """``norm(x)`` (x without a norm) [..., D] -> [..., D]."""
-        gate, up = project(x, (self.gate_proj, self.up_proj), norm=norm)
+    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
+        gate, up = project(x, (self.gate_proj, self.up_proj))
         return self.down_proj(jax.nn.silu(gate) * up)

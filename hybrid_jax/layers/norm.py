@@ -6,8 +6,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.gemv import RowNorm
-
 F32 = jnp.float32
 
 
@@ -28,10 +26,6 @@ class RMSNorm(nnx.Module):
         """x [..., dim] -> same shape, in ``out_dtype`` (default: x.dtype)."""
         y = rms_normalize(x, self.eps) * (1.0 + self.weight[...].astype(F32))
         return y.astype(out_dtype or x.dtype)
-
-    def row_norm(self) -> RowNorm:
-        """This norm as the few-row matmul's prologue applies it."""
-        return RowNorm(1.0 + self.weight[...].astype(F32), self.eps)
 
 
 class GatedRMSNorm(nnx.Module):

@@ -3,8 +3,7 @@
 `impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
 it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
 forces the compiled kernel for all, "interpret" the kernel in Pallas interpret mode (CPU tests), "reference"
-the reference. Leading axes of x are flattened into rows. ``norm`` RMS-normalises x first, inside the kernel
-for up to `FUSED_NORM_MAX_ROWS` rows and as an XLA op before it otherwise.
+the reference. Leading axes of x are flattened into rows.
 """
 
 import jax
@@ -12,12 +11,8 @@ import jax.numpy as jnp
 
 from pallas_kernels.dispatch import Impl, kernel_mode
 from pallas_kernels.gemv import kernel, reference
-from pallas_kernels.gemv.reference import RowNorm
 
 MAX_ROWS = 64  # more rows: a tensor-core GEMM streams the weights as well
-# Every program re-reads x (fp32 when normalising) from L2 beside its weight slab; up to 16 rows that is at
-# most 1/8 of a 128-row weight tile's bytes. Beyond, the norm runs before the kernel (not measured there).
-FUSED_NORM_MAX_ROWS = 16
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
@@ -33,20 +28,20 @@ def _unsupported(rows: int, k: int, w: jax.Array, dtype) -> str | None:
 
 
 def runs_kernel(rows: int) -> bool:
-    """Whether "auto" would send ``rows`` rows through the kernel here (on this backend)."""
+    """Whether "auto" sends ``rows`` rows through the kernel here (on this backend)."""
     return kernel_mode("gemv", "auto", None if rows <= MAX_ROWS else "rows") is False
 
 
 def padded_rows(rows: int) -> int:
-    """Rows to hand "auto" for ``rows`` real ones so that it pads nothing (the kernel's tile rows, where it
-    runs; ``rows`` elsewhere). Extra rows are zeros and come back as zeros."""
+    """Rows to hand "auto" for ``rows`` real ones so that it pads nothing: the kernel's tile rows where it runs,
+    ``rows`` elsewhere. Zero rows in give zero rows out."""
     return kernel.padded_rows(rows) if runs_kernel(rows) else rows
 
 
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, norm: RowNorm | None = None,
-         impl: Impl = "auto", **tuning) -> tuple[jax.Array, ...]:
-    """x [..., K] (RMS-normalised by ``norm`` when given) times each w [K, N_i] -> ([..., N_i], ...) in
-    ``out_dtype`` (default: the weight's dtype), accumulated in fp32."""
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: Impl = "auto",
+         **tuning) -> tuple[jax.Array, ...]:
+    """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: the weight's dtype),
+    accumulated in fp32."""
     weights = tuple(weights)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
@@ -59,16 +54,13 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, norm: 
         reason = next((r for r in reasons if r is not None), None)
     interpret = kernel_mode("gemv", impl, reason)
     if interpret is None:
-        ys = reference.gemv(rows, weights, out_dtype, norm)
+        ys = reference.gemv(rows, weights, out_dtype)
     else:
-        if norm is not None and rows.shape[0] > FUSED_NORM_MAX_ROWS:
-            rows, norm = reference.normalize(rows, norm, weights[0].dtype), None
-        fused = {} if norm is None else dict(scale=norm.scale, eps=norm.eps)
         on_kernel = iter(kernel.gemv(rows, tuple(w for w, ok in zip(weights, suited, strict=True) if ok),
-                                     out_dtype, **fused, interpret=interpret, **tuning))
-        ys = tuple(next(on_kernel) if ok else reference.gemv(rows, (w,), out_dtype, norm)[0]
+                                     out_dtype, interpret=interpret, **tuning))
+        ys = tuple(next(on_kernel) if ok else reference.gemv(rows, (w,), out_dtype)[0]
                    for w, ok in zip(weights, suited, strict=True))
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
-__all__ = ["FUSED_NORM_MAX_ROWS", "Impl", "MAX_ROWS", "RowNorm", "gemv", "padded_rows", "runs_kernel"]
+__all__ = ["Impl", "MAX_ROWS", "gemv", "padded_rows", "runs_kernel"]

@@ -50,15 +50,12 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
     return bk, bns, splits
 
 
-def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int, norm: bool):
-    # x_ref [Mp, K]; with a norm then rstd [Mp] and scale [K] fp32; weights [K, N_i] ...; outputs
-    # [splits, Mp, N_i] ...: whole arrays.
+def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
+    # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
-    (rstd_ref, scale_ref), refs = (refs[:2], refs[2:]) if norm else ((None, None), refs)
     w_refs, o_refs = refs[:num], refs[num:]
     j, s = pl.program_id(0), pl.program_id(1)
     k0 = s * k_per_split
-    dtype = w_refs[0].dtype
     first = 0
     for w_ref, o_ref, bn in zip(w_refs, o_refs, block_ns, strict=True):
         blocks = w_ref.shape[1] // bn
@@ -66,14 +63,10 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
         @pl.when((j >= first) & (j < first + blocks))
         def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
             cols = pl.ds((j - first) * bn, bn)
-            rstd = rstd_ref[...][:, None] if norm else None  # [Mp, 1]
 
             def body(i, acc):
                 rows = pl.ds(k0 + i * block_k, block_k)
-                x = x_ref[:, rows]  # [Mp, block_k]
-                if norm:  # the reference's order of operations, so the same bf16 rounding
-                    x = x.astype(F32) * rstd * scale_ref[rows][None, :]
-                return acc + jnp.dot(x.astype(dtype), w_ref[rows, cols], preferred_element_type=F32)  # [Mp, bn]
+                return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)  # [Mp, bn]
 
             acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], bn), F32))
             o_ref[s, :, cols] = acc.astype(o_ref.dtype)
@@ -86,16 +79,13 @@ def padded_rows(m: int) -> int:
     return max(MIN_ROWS, 1 << (m - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
-                                             "num_warps", "num_stages", "interpret"))
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, scale: jax.Array | None = None,
-         eps: float | None = None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
-         num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, ...]:
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_k", "block_n", "target_programs", "num_warps",
+                                             "num_stages", "interpret"))
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_k: int = 128, block_n: int = 64,
+         target_programs: int = 264, num_warps: int = 4, num_stages: int = 4,
+         interpret: bool = False) -> tuple[jax.Array, ...]:
     """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
-    ``out_dtype`` (default: the weights' dtype). With ``scale`` [K] and ``eps``, x is RMS-normalised first
-    (`reference.RowNorm`): XLA takes each row's 1 / rms (one small reduction) and the programs normalise the
-    x tiles as they load them, rounding to the weights' dtype as the reference does; no normalised copy of x
-    is written.
+    ``out_dtype`` (default: the weights' dtype).
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
     K-splits aim at (~2 programs per SM of the H200's 132). The defaults were the best over the 9B and 27B
@@ -103,28 +93,23 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, scale: ja
     where 128 columns were 8% behind.
     """
     m, k = x.shape
-    norm = scale is not None
     widths = tuple(w.shape[1] for w in weights)
     dtype = weights[0].dtype
     out_dtype = jnp.dtype(out_dtype or dtype)
     block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
     padded = padded_rows(m)
-    xp = jnp.pad(x.astype(F32 if norm else dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
-    inputs = (xp, *weights)
-    if norm:
-        rstd = jax.lax.rsqrt(jnp.mean(xp * xp, axis=-1) + eps)  # [Mp]
-        inputs = (xp, rstd, scale.astype(F32), *weights)
+    xp = jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
     partial_dtype = out_dtype if splits == 1 else F32
-    kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits, norm=norm)
+    kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits)
     col_blocks = sum(n // bn for n, bn in zip(widths, block_ns, strict=True))
     partials = pl.pallas_call(
         kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((splits, padded, n), partial_dtype) for n in widths),
         grid=(col_blocks, splits),
-        in_specs=[pl.no_block_spec] * len(inputs),
+        in_specs=[pl.no_block_spec] * (1 + len(weights)),
         out_specs=(pl.no_block_spec,) * len(weights),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv",
-    )(*inputs)  # ([splits, Mp, N_i], ...)
+    )(xp, *weights)  # ([splits, Mp, N_i], ...)
     return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)

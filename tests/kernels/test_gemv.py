@@ -3,8 +3,7 @@
 Random bf16 inputs; row counts 1, 5, 16, 33 (padding to the 16/64-row tile); one weight and several of
 different widths sharing x; K-splits and column blocks that do and do not fill the grid. Tolerance: fp32
 accumulation in both, only the summation order differs (rtol 1e-5, atol 1e-5 x the largest output); the
-bf16 output case within one bf16 ulp; the same with a fused RMSNorm, which rounds the normalised rows to bf16
-as the reference does.
+bf16 output case within one bf16 ulp.
 """
 
 import jax
@@ -12,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gemv import FUSED_NORM_MAX_ROWS, MAX_ROWS, RowNorm, gemv
+from pallas_kernels.gemv import MAX_ROWS, gemv
 from pallas_kernels.gemv.kernel import plan
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -42,37 +41,6 @@ def test_matches_reference(rows, k, widths, tuning):
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape == (rows, w.shape[1])
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w))))
-
-
-@pytest.mark.parametrize("rows", [1, 5, 16, 33])
-@pytest.mark.parametrize("k, widths, tuning", [
-    (256, (96,), dict(block_k=32, block_n=32, target_programs=12)),  # K-splits
-    (256, (96, 32, 16, 16), dict(block_k=64, block_n=32, target_programs=6)),  # one split
-])
-def test_fused_norm_matches_reference(rows, k, widths, tuning):
-    """x is a raw fp32 residual stream whose rows differ in scale by 1000x; the norm's scale is random."""
-    x, weights = _inputs(rows * 11 + k, rows, k, widths)
-    x = x.astype(jnp.float32) * jnp.logspace(-1, 2, rows, dtype=jnp.float32)[:, None]
-    norm = RowNorm(1.0 + 0.3 * jax.random.normal(jax.random.key(rows), (k,), jnp.float32), 1e-6)
-    assert (rows <= FUSED_NORM_MAX_ROWS) == (rows < 33)  # 33 rows: normalised by XLA, then the kernel
-    got = gemv(x, weights, jnp.float32, norm=norm, impl=IMPL, **tuning)
-    want = gemv(x, weights, jnp.float32, norm=norm, impl="reference")
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape == (rows, w.shape[1])
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(w))))
-    # The norm is per row: scaling the rows leaves the output as it was (up to eps and bf16 rounding).
-    (scaled,) = gemv(x * 8.0, weights[:1], jnp.float32, norm=norm, impl=IMPL, **tuning)
-    np.testing.assert_allclose(scaled, got[0], atol=0.01 * float(jnp.max(jnp.abs(got[0]))))
-
-
-def test_fused_norm_bf16_output_within_an_ulp_of_the_fp32_one():
-    x, weights = _inputs(9, 3, 128, (64,))
-    norm = RowNorm(jnp.full((128,), 1.5, jnp.float32), 1e-6)
-    tuning = dict(block_k=32, block_n=32, target_programs=2)  # one split
-    (low,) = gemv(x.astype(jnp.float32), weights, norm=norm, impl=IMPL, **tuning)
-    (high,) = gemv(x.astype(jnp.float32), weights, jnp.float32, norm=norm, impl=IMPL, **tuning)
-    assert low.dtype == jnp.bfloat16
-    np.testing.assert_allclose(low.astype(np.float32), high, rtol=2**-7, atol=2**-7)
 
 
 def test_bf16_output_and_leading_axes():
