@@ -64,6 +64,15 @@ def test_engine_greedy_equal_across_tp():
     assert greedy(8) == expected
 
 
+def test_padded_rows_under_a_mesh(monkeypatch):
+    """On a GPU the steps pad their rows to the few-row kernel's 16, also per shard under a mesh."""
+    import hybrid_jax.engine.steps as steps
+
+    expected = greedy(1)
+    monkeypatch.setattr(steps, "padded_rows", lambda n: max(n, 16))
+    assert greedy(2) == expected
+
+
 @pytest.mark.parametrize("field, value, tp", [("num_attention_heads", 6, 4), ("linear_num_key_heads", 4, 8)])
 def test_heads_that_do_not_divide_are_rejected(field, value, tp):
     config = CONFIG.replace(**{field: value})
