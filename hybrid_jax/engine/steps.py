@@ -148,13 +148,14 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
     n = x.shape[0]
     rows = padded_rows(n)
     x = _pad_rows(x, rows)  # [rows, D]
+    padded_positions = _pad_rows(positions, rows)  # [rows]
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
         h = layer.input_layernorm(x, dtype)  # [rows, D]
         if layer.is_attention:
             attn = layer.self_attn
-            q, k, v, gate = (t[:n] for t in attn.project(h, _pad_rows(positions, rows)))  # [N, H, hd]
+            q, k, v, gate = (t[:n] for t in attn.project(h, padded_positions))  # [N, H, hd]
             k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
             k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
             h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
@@ -237,11 +238,11 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
             conv_pool = pool["conv"]  # [slots, K, C] ring
             before = conv_ring_columns(batch.positions, gdn.kernel)[..., None]  # [B, K-1, 1]
             cached = jnp.take_along_axis(conv_pool[batch.slot_ids], before, axis=1)  # [B, K-1, C]
-            window = jnp.concatenate([cached, mixed[:, None].astype(conv_pool.dtype)], axis=1)
+            window = jnp.concatenate([cached.astype(F32), mixed[:, None]], axis=1)  # the new column unrounded
             q, k, v = gdn.heads(_window_conv(window, gdn.conv1d.weight[...]))
             g, beta = gdn.gates(b, a)
             o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
-            conv_pool = conv_pool.at[batch.slot_ids, batch.positions % gdn.kernel].set(window[:, -1])
+            conv_pool = conv_pool.at[batch.slot_ids, batch.positions % gdn.kernel].set(mixed.astype(conv_pool.dtype))
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]

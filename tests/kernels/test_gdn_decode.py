@@ -137,8 +137,7 @@ def test_fused_reference_matches_layer(dtype):
     x = jnp.asarray(step.normal(5, 1, config.hidden_size), dtype)  # [B, 1, D]
     *_, conv_pool, state_pool = step.fused_args()
     slots = jnp.asarray(step.slots)
-    mixed, _, b, a = layer.in_projections(x[:, 0])  # the engine rounds mixed to the conv pool's dtype
-    mixed = mixed.astype(dtype)
+    mixed, _, b, a = layer.in_projections(x[:, 0])  # fp32, as the engine hands them over
     # ring column of position t: t mod K; the window is the K-1 positions before the token's, then its own
     before = (step.positions[:, None] + np.arange(1 - CONV_KERNEL, 0)) % CONV_KERNEL  # [B, K-1]
     cached = np.asarray(conv_pool)[step.slots[:, None], before]  # [B, K-1, C]
