@@ -138,13 +138,15 @@ def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
             "peer_graph_ms": peer_graph_ms}
 
 
-def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, num_warps: int) -> dict:
+def sweep_gdn_chunk(size: str, t: int, state_block_v: int, output_block_v: int, output_block_k: int,
+                    num_warps: tuple[int, int, int], num_stages: tuple[int, int, int]) -> dict:
     """One tile configuration of gdn_chunk: its error against the XLA reference (bf16 inputs) and its times."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"], seed=1)
     pool = jax.random.normal(jax.random.PRNGKey(2), (2, s["hv"], D, D), jnp.float32)
     cu, slots = jnp.asarray([0, t], jnp.int32), jnp.asarray([1], jnp.int32)
-    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, num_warps=num_warps)
+    tuning = dict(state_block_v=state_block_v, output_block_v=output_block_v, output_block_k=output_block_k,
+                  num_warps=num_warps, num_stages=num_stages)
     o, new_pool = gdn_chunk(q, k, v, g, beta, cu, slots, pool, impl="kernel", **tuning)
     o_ref, pool_ref = jax.jit(functools.partial(gdn_chunk, impl="reference"))(q, k, v, g, beta, cu, slots, pool)
     errors = {"o_max_abs_error": float(jnp.max(jnp.abs(o - o_ref))), "o_max_abs": float(jnp.max(jnp.abs(o_ref))),
@@ -270,9 +272,10 @@ def main() -> None:
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.chunk_sweep:
-        # The kernels time separately (device_us): the state pass's and the output pass's widths vary together.
-        cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, w) for sbv, obv in ((16, 64), (32, 128), (64, 128))
-                 for w in (4, 8)]
+        # The passes time separately (device_us): each case varies the state and output passes together.
+        cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, obk, (4, w_state, w_out), (1, st, st))
+                 for sbv, obv, obk in ((16, 128, 32), (32, 128, 32), (32, 64, 64), (64, 128, 64))
+                 for w_state, w_out in ((4, 2), (4, 4)) for st in (3, 4)]
     elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
                  for bv, w in ((16, 4), (32, 4), (64, 4), (128, 4), (128, 8))]

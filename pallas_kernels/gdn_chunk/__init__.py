@@ -34,11 +34,16 @@ def gdn_chunk(
     *,
     impl: Impl = "auto",
     **tuning,
-) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32 (0 on padding), state_pool
-    """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched)."""
+) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype (0 on padding), state_pool
+    """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched).
+
+    o comes in q's dtype: with bf16 inputs it is rounded to bf16, as HF rounds the delta rule's output before the
+    gated norm. Tokens past a sequence's end (other sequences', padding) must be finite: the kernel's products
+    read them and mask their contributions, a product with 0 included."""
     interpret = kernel_mode("gdn_chunk", impl, _unsupported(q, k, v, state_pool))
     if interpret is None:
-        return reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)
+        o, state_pool = reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)
+        return o.astype(q.dtype), state_pool
     return kernel.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool, interpret=interpret, **tuning)
 
 

@@ -24,17 +24,23 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
 2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
    of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
    are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
-   chunk's starting state, two products and nothing else on the sequential path; the next chunk's k, w,
-   u, gc are loaded before this chunk's products, so their latency hides behind them. It reads the state
-   from its slot and writes it back in place (the pool is aliased input -> output).
+   chunk's starting state, two products and nothing else on the sequential path, the decay applied to V'
+   (the smaller tile) rather than to K, as fla does. It reads the state from its slot and writes it back in
+   place (the pool is aliased input -> output).
 3. `_output_kernel`, grid (chunk slot, value head, dv block): O of every chunk in parallel, from the
-   stored starting state and V'; chunks of padding tokens (past `cu_seqlens[S]`) get zeros.
+   stored starting state and V', q S and Q K^T accumulated over slices of dk; chunks of padding tokens
+   (past `cu_seqlens[S]`) get zeros. O is written in the input dtype (bf16 in the model, as HF rounds it).
 
-Tiles, from `scripts/bench_kernels.py --chunk-sweep` (H200, 9B shapes, T = 8192, device time per kernel):
-state pass 32 dv columns a program 309 us with the prefetch, 340 without; the prefetch costs at other widths
-(16: 387 with, 356 without; 64: 876 with, 408 without: the two chunks' tiles no longer fit in registers).
-Output pass 128 columns 234 us (64: 333); prepare 225 us with the doubling inverse (347 with forward
-substitution, since removed); 8 warps slower in every kernel.
+Loads that feed a product directly are software-pipelined by Triton (`num_stages` tiles in flight through
+shared memory); a select on the loaded tile (zeroing rows past the sequence) stops that. So the state and
+output passes load whole 64-row tiles clamped into bounds and mask rows past the sequence on the smaller
+operand or the result: V' (state pass), the causal select and the store (output pass). Measured on the H200
+at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
+chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
+2 warps, 4 stages). Prepare 225 us (the doubling inverse: 347 with forward substitution); splitting it as fla
+does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, and W, U as two 64-row
+products of T from a scratch copy 268 us, so it stays one kernel of 16-row block products. 8 warps were
+slower in every pass.
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -199,10 +205,11 @@ def _state_kernel(
     """Program (sequence s, value head h, dv block): the state recurrence of s, sequential over its chunks.
 
     Stores each chunk's V' and its starting state (in the input dtype, as the output pass multiplies them)
-    and the final state in place."""
+    and the final state in place. The k, w, u tiles go from their loads straight into the products (rows
+    past the sequence are masked on V' instead), so Triton's pipeliner prefetches them chunks ahead."""
     del state_in_ref  # the same buffer as state_ref (aliased)
     s, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    dk = k_ref.shape[-1]
+    num_tokens, _, dk = k_ref.shape
     hk = h // group
     cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
     cols_v = vb * block_v + jnp.arange(block_v, dtype=jnp.int32)[None, :]  # [1, bv]
@@ -216,41 +223,32 @@ def _state_kernel(
         state_view = state_ref.at[slot_ref[s], h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
         num_chunks = _div(end - start + CHUNK - 1, CHUNK)
 
-        def chunk_inputs(c):  # what chunk c reads besides the state: (k, w [C, dk], u [C, bv], gc [C], gc_last)
+        def chunk_step(c, state):  # state [dk, bv] fp32
             first = start + c * CHUNK
             ok = first + r < end  # [C]
-            tok = jnp.where(ok, first + r, first)  # [C], in bounds
-            k, w = _load_rows(k_ref, tok, ok, hk, cols_k), _load_rows(w_ref, tok, ok, h, cols_k)
-            u = _load_rows(u_ref, tok, ok, h, cols_v)
-            gc = jnp.where(ok, gc_ref[tok, h], 0.0)
-            return k, w, u, gc, gc_ref[jnp.minimum(first + CHUNK, end) - 1, h]
-
-        def chunk_step(c, carry):  # state [dk, bv] fp32, and chunk c's inputs
-            state, (k, w, u, gc, gc_last) = carry
-            next_inputs = chunk_inputs(jnp.minimum(c + 1, num_chunks - 1))  # in flight during the products
-            first = start + c * CHUNK
-            ok = first + r < end  # [C]
-            tok = jnp.where(ok, first + r, first)  # [C], in bounds
+            rows = jnp.minimum(first + r, num_tokens - 1)[:, None]  # [C, 1], in bounds; past the end: other tokens'
             s_op = state.astype(dtype)
             h_ref[first_slot + c, h, :, pl.ds(vb * block_v, block_v)] = s_op.astype(h_ref.dtype)
-            v_new = (u.astype(F32) - _dot(w, s_op)).astype(dtype)  # [C, bv]
-            _store_rows(vnew_ref, tok, ok, h, cols_v, v_new)
-            k_decayed = (k.astype(F32) * jnp.exp(gc_last - gc)[:, None]).astype(dtype)  # [C, dk]
-            state = state * jnp.exp(gc_last) + _dot(k_decayed, v_new, (0, 0))
-            return state, next_inputs
+            v_new = u_ref[rows, h, cols_v].astype(F32) - _dot(w_ref[rows, h, cols_k], s_op)  # [C, bv]
+            _store_rows(vnew_ref, rows[:, 0], ok, h, cols_v, v_new)
+            gc = jnp.where(ok, gc_ref[rows[:, 0], h], 0.0)  # [C]
+            gc_last = gc_ref[jnp.minimum(first + CHUNK, end) - 1, h]
+            # (K * exp(gc_last - gc))^T V' with the decay on V' (the smaller tile); rows past the end add nothing.
+            v_decayed = jnp.where(ok[:, None], v_new * jnp.exp(gc_last - gc)[:, None], 0.0).astype(dtype)
+            return state * jnp.exp(gc_last) + _dot(k_ref[rows, hk, cols_k], v_decayed, (0, 0))
 
-        state, _ = lax.fori_loop(0, num_chunks, chunk_step, (state_view[...], chunk_inputs(0)))
-        state_view[...] = state
+        state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
 
 
-def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, group: int, block_v: int):
+def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, group: int, block_v: int,
+                   block_k: int):
     """Program (chunk slot p, value head h, dv block): the outputs of one chunk from its starting state and V',
-    or zeros on a chunk of padding tokens (past cu_seqlens[S])."""
+    or zeros on a chunk of padding tokens (past cu_seqlens[S]). q S and Q K^T accumulate over dk in
+    ``block_k`` slices (loads pipelined by Triton)."""
     p, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     num_tokens, _, dk = q_ref.shape
     num_seqs = cu_ref.shape[0] - 1
     hk = h // group
-    cols_k = jnp.arange(dk, dtype=jnp.int32)[None, :]  # [1, dk]
     cols_v = vb * block_v + jnp.arange(block_v, dtype=jnp.int32)[None, :]  # [1, bv]
     r = jnp.arange(CHUNK, dtype=jnp.int32)  # [C]
     s, chunk = _find_chunk(cu_ref, p)
@@ -262,14 +260,22 @@ def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, grou
     @pl.when((s < num_seqs) & (first < end))
     def _sequence():
         dtype = q_ref.dtype
-        q, k = _load_rows(q_ref, tok, ok, hk, cols_k), _load_rows(k_ref, tok, ok, hk, cols_k)  # [C, dk]
-        v_new = _load_rows(vnew_ref, tok, ok, h, cols_v)  # [C, bv]
+
+        def dk_slice(i, carry):  # (q S, Q K^T) over dk columns i * bk ...
+            qs, qk = carry
+            cols = i * block_k + jnp.arange(block_k, dtype=jnp.int32)[None, :]  # [1, bk]
+            q, k = q_ref[tok[:, None], hk, cols], k_ref[tok[:, None], hk, cols]  # [C, bk]
+            state = h_ref[p, h, pl.ds(i * block_k, block_k), pl.ds(vb * block_v, block_v)]  # [bk, bv]
+            return qs + _dot(q, state), qk + _dot(q, k, (1, 1))
+
+        qs, qk = lax.fori_loop(0, dk // block_k, dk_slice,
+                               (jnp.zeros((CHUNK, block_v), F32), jnp.zeros((CHUNK, CHUNK), F32)))
         gc = jnp.where(ok, gc_ref[tok, h], 0.0)  # [C]
-        state = h_ref[p, h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv], the chunk's starting state
-        o = _dot((q.astype(F32) * jnp.exp(gc)[:, None]).astype(dtype), state)  # [C, bv]
         causal = (r[:, None] >= r[None, :]) & ok[:, None]  # [C, C]
-        decay = jnp.exp(jnp.where(causal, gc[:, None] - gc[None, :], -jnp.inf))
-        o = o + _dot((_dot(q, k, (1, 1)) * decay).astype(dtype), v_new)
+        # a select, not a multiply by 0: rows past the sequence may hold anything
+        attn = jnp.where(causal, qk * jnp.exp(jnp.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+        v_new = _load_rows(vnew_ref, tok, ok, h, cols_v)  # [C, bv]
+        o = qs * jnp.exp(gc)[:, None] + _dot(attn.astype(dtype), v_new)
         _store_rows(o_ref, tok, ok, h, cols_v, o)
 
     @pl.when((s == num_seqs) & (first < end))
@@ -277,8 +283,8 @@ def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, grou
         _store_rows(o_ref, tok, ok, h, cols_v, jnp.zeros((CHUNK, block_v), F32))
 
 
-@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "num_warps", "num_stages",
-                                             "interpret"))
+@functools.partial(jax.jit, static_argnames=("state_block_v", "output_block_v", "output_block_k", "num_warps",
+                                             "num_stages", "interpret"))
 def gdn_chunk(
     q: jax.Array,  # [T, Hk, dk]
     k: jax.Array,  # [T, Hk, dk]
@@ -291,26 +297,31 @@ def gdn_chunk(
     *,
     state_block_v: int = 32,
     output_block_v: int = 128,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    output_block_k: int = 32,
+    num_warps: tuple[int, int, int] = (4, 4, 2),
+    num_stages: tuple[int, int, int] = (1, 4, 4),
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32, state_pool
+) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype, state_pool
     """Chunked gated delta rule over a packed ragged batch; the state pool is updated in place when donated.
 
     q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16. The state pass's programs each
     carry ``state_block_v`` of the state's dv columns, the output pass's each write ``output_block_v`` columns
-    of O (powers of two >= 16; capped at dv).
+    of O, accumulating over ``output_block_k`` columns of dk at a time (powers of two >= 16; capped at dv and dk).
+    ``num_warps`` and ``num_stages``: per pass (prepare, state, output).
     """
     num_tokens, num_k_heads, dk = q.shape
     num_v_heads, dv = v.shape[1], v.shape[2]
     num_seqs = slot_ids.shape[0]
     group = num_v_heads // num_k_heads
     state_block_v, output_block_v = min(state_block_v, dv), min(output_block_v, dv)
-    for name, block_v in (("state_block_v", state_block_v), ("output_block_v", output_block_v)):
-        if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
-            raise ValueError(f"{name} must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
+    output_block_k = min(output_block_k, dk)
+    for name, block, width in (("state_block_v", state_block_v, dv), ("output_block_v", output_block_v, dv),
+                               ("output_block_k", output_block_k, dk)):
+        if block < 16 or block & (block - 1) or width % block:
+            raise ValueError(f"{name} must be a power of two >= 16 dividing {width}, got {block}")
     cu = cu_seqlens.astype(jnp.int32)
-    params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    prepare_params, state_params, output_params = (
+        plgpu.CompilerParams(num_warps=w, num_stages=st) for w, st in zip(num_warps, num_stages, strict=True))
 
     w, u, gc = pl.pallas_call(
         functools.partial(_prepare_kernel, group=group),
@@ -323,7 +334,7 @@ def gdn_chunk(
         in_specs=[pl.no_block_spec] * 5,
         out_specs=(pl.no_block_spec,) * 3,
         interpret=interpret,
-        compiler_params=params,
+        compiler_params=prepare_params,
         name="gdn_chunk_prepare",
     )(cu, k, v, g, beta)
 
@@ -340,18 +351,18 @@ def gdn_chunk(
         out_specs=(pl.no_block_spec,) * 3,
         input_output_aliases={6: 2},
         interpret=interpret,
-        compiler_params=params,
+        compiler_params=state_params,
         name="gdn_chunk_state",
     )(cu, slot_ids.astype(jnp.int32), k, w, u, gc, state_pool)
 
     o = pl.pallas_call(
-        functools.partial(_output_kernel, group=group, block_v=output_block_v),
-        out_shape=jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), F32),
+        functools.partial(_output_kernel, group=group, block_v=output_block_v, block_k=output_block_k),
+        out_shape=jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),
         grid=(num_slots, num_v_heads, dv // output_block_v),
         in_specs=[pl.no_block_spec] * 6,
         out_specs=pl.no_block_spec,
         interpret=interpret,
-        compiler_params=params,
+        compiler_params=output_params,
         name="gdn_chunk_output",
     )(cu, q, k, v_new, gc, chunk_states)
     return o, state_pool

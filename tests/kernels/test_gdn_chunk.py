@@ -5,7 +5,8 @@ GPU is present) against the reference.
 Every input is random, the whole state pool included: slot 0 (the null slot) and unused slots hold garbage,
 so a read of a wrong slot shows, and slots not named by a non-empty sequence must come back bit-identical.
 Tolerances (rtol = atol; values and states ~ N(0, 1)): fp32 1e-4 (reference vs scan, kernel vs reference);
-bf16 inputs 2e-2 (the kernel's products take bf16 operands, the state and T rounded to bf16 for them).
+bf16 inputs 2e-2 (the kernel's products take bf16 operands, the state and T rounded to bf16 for them, and o
+comes back in bf16).
 """
 
 import jax
@@ -117,7 +118,8 @@ def test_reference_long_sequence():
 
 KERNEL_CASES = [  # seed, Hk, Hv, dk, dv, dtype, tuning
     (2, 2, 4, 16, 32, jnp.float32, dict(state_block_v=16)),  # group 2, dk != dv, two dv blocks of the state
-    (9, 2, 4, 32, 32, jnp.float32, dict(state_block_v=32, output_block_v=16)),  # two dv blocks of the output
+    # two dv blocks of the output, each over two dk slices
+    (9, 2, 4, 32, 32, jnp.float32, dict(state_block_v=32, output_block_v=16, output_block_k=16)),
     (3, 1, 3, 32, 16, jnp.float32, {}),  # group 3
     (4, 2, 4, 32, 32, jnp.bfloat16, {}),
 ]
@@ -133,6 +135,7 @@ def test_kernel_matches_reference(impl, seed, num_k_heads, num_v_heads, dk, dv, 
     batch = Batch(seed, LENS, 5, num_k_heads, num_v_heads, dk, dv, dtype)
     want = reference.gdn_chunk(*batch.args())
     o, pool = gc.gdn_chunk(*batch.args(), impl=impl, **tuning)
+    assert o.dtype == dtype  # bf16 inputs: o rounded to bf16, as HF rounds it before the gated norm
     _check(batch, o, pool, *want, TOL[dtype])
 
 
