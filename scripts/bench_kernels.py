@@ -1,7 +1,7 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
     python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep |
-                                    --attention-sweep]
+                                    --attention-sweep] [--ops gdn_chunk ...]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
@@ -268,6 +268,9 @@ def main() -> None:
                         help="only paged decode attention at B=64 x 4K context, over its tiles, stages, warps, splits")
     parser.add_argument("--chunk-sweep", action="store_true",
                         help="only gdn_chunk at 9B shapes, T=8192, over its tile widths and warp count, with its error")
+    parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
+                        help="only these of the default run's kernels (gdn_chunk, gdn_decode, gdn_decode_fused, "
+                             "paged_decode)")
     args = parser.parse_args()
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
@@ -290,6 +293,8 @@ def main() -> None:
         cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
         cases += [(bench_gdn_decode_fused, size, b) for size in SIZES for b in batches]
         cases += [(bench_paged_decode, "9b", b, 4096) for b in (1, 64)]
+        if args.ops:
+            cases = [c for c in cases if c[0].__name__.removeprefix("bench_") in args.ops]
     rows = []
     for fn, *case in cases:
         try:

@@ -37,10 +37,12 @@ output passes load whole 64-row tiles clamped into bounds and mask rows past the
 operand or the result: V' (state pass), the causal select and the store (output pass). Measured on the H200
 at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
 chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
-2 warps, 4 stages). Prepare 225 us (the doubling inverse: 347 with forward substitution); splitting it as fla
-does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, and W, U as two 64-row
-products of T from a scratch copy 268 us, so it stays one kernel of 16-row block products. 8 warps were
-slower in every pass.
+2 warps, 4 stages). Prepare 213 us, of which A's ten 16 x 16 blocks take ~96, the diagonal inverses ~42 and
+the blocks below ~52 (by ablation), the rest W and U; its k and v tiles for W and U are loaded after the solve
+(held through it: 225 us). The doubling inverse beat forward substitution (347 us); splitting the pass as fla
+does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, W and U as two 64-row products
+of T from a scratch copy 268 us, the 16 x 16 fp32 products in TF32x3 277 us: it stays one kernel of 16-row
+block products. 8 warps were slower in every pass.
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -137,16 +139,16 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
         r = jnp.arange(BLOCK, dtype=jnp.int32)  # [n]
         lower = r[:, None] > r[None, :]  # [n, n]
 
-        # Rows of block i: tokens start + i*n + r; the ones past the sequence read zeros (no update).
-        valid, tok, k, v, gc, beta = [], [], [], [], [], []
+        # Rows of block i: tokens start + i*n + r. Rows past the sequence read in-bounds tokens (finite) with
+        # beta = g = 0: their rows of A are 0, so they update nothing and their columns of W, U get weight 0.
+        valid, tok, k, gc, beta = [], [], [], [], []
         offset = jnp.zeros((), F32)
         for i in range(NUM_BLOCKS):
             ok = start + i * BLOCK + r < end  # [n]
             t = jnp.where(ok, start + i * BLOCK + r, start)  # [n], in bounds
             valid.append(ok)
             tok.append(t)
-            k.append(jnp.where(ok[:, None], k_ref[t[:, None], hk, cols_k], 0))  # [n, dk]
-            v.append(jnp.where(ok[:, None], v_ref[t[:, None], h, cols_v], 0))  # [n, dv]
+            k.append(k_ref[t[:, None], hk, cols_k])  # [n, dk]
             g_i = jnp.where(ok, g_ref[t, h].astype(F32), 0.0)  # [n]
             gc.append(offset + jnp.cumsum(g_i))  # [n], log-decay from the chunk start, inclusive
             offset = offset + jnp.sum(g_i)
@@ -168,6 +170,9 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
                 acc = sum(_dot(a[i, m], t_blk[m, j]) for m in range(j, i))  # [n, n]
                 t_blk[i, j] = -_dot(t_blk[i, i], acc)
 
+        # k again and v only now: fewer registers held through the solve (225 -> 213 us at 9B, T = 8192)
+        k = [k_ref[t[:, None], hk, cols_k] for t in tok]  # [n, dk] each
+        v = [v_ref[t[:, None], h, cols_v] for t in tok]  # [n, dv] each
         for i in range(NUM_BLOCKS):
             w_i = sum(  # [n, dk]
                 _dot((t_blk[i, j] * (beta[j] * jnp.exp(gc[j]))[None, :]).astype(dtype), k[j]) for j in range(i + 1)
