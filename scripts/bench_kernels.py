@@ -1,7 +1,7 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
     python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep |
-                                    --attention-sweep] [--ops gdn_chunk ...]
+                                    --attention-sweep] [--ops gdn_chunk ...] [--sizes 9b 27b]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
@@ -271,6 +271,8 @@ def main() -> None:
     parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
                         help="only these of the default run's kernels (gdn_chunk, gdn_decode, gdn_decode_fused, "
                              "paged_decode)")
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES),
+                        help="model sizes of the default run's shapes")
     args = parser.parse_args()
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
@@ -289,9 +291,9 @@ def main() -> None:
         cases = [functools.partial(bench_paged_decode, peer=False, **t) for t in tunings]
         cases = [(case, "9b", 64, 4096) for case in cases]
     else:
-        cases = [(bench_gdn_chunk, size, t) for size in SIZES for t in lengths]
-        cases += [(bench_gdn_decode, size, b) for size in SIZES for b in batches]
-        cases += [(bench_gdn_decode_fused, size, b) for size in SIZES for b in batches]
+        cases = [(bench_gdn_chunk, size, t) for size in args.sizes for t in lengths]
+        cases += [(bench_gdn_decode, size, b) for size in args.sizes for b in batches]
+        cases += [(bench_gdn_decode_fused, size, b) for size in args.sizes for b in batches]
         cases += [(bench_paged_decode, "9b", b, 4096) for b in (1, 64)]
         if args.ops:
             cases = [c for c in cases if c[0].__name__.removeprefix("bench_") in args.ops]
