@@ -36,6 +36,6 @@ class GatedRMSNorm(nnx.Module):
         self.eps = eps
 
     def __call__(self, o: jax.Array, z: jax.Array) -> jax.Array:
-        """o [..., dv] (fp32 delta-rule output), z [..., dv] -> [..., dv] in z.dtype."""
+        """o [..., dv] (delta-rule output), z [..., dv] -> [..., dv] in z.dtype."""
         n = rms_normalize(o, self.eps) * self.weight[...].astype(F32)
         return (n * jax.nn.silu(z.astype(F32))).astype(z.dtype)
