@@ -451,15 +451,12 @@ class Engine:
         previous, self._inflight = self._inflight, None
         requests = list(self._decoding)
         greedy = all(r.params.temperature == 0 and not r.params.logprobs for r in requests)
-        # Several steps per call only when no request waits for its prefill (it would wait that much longer).
-        waiting = self._waiting or self._prefilling or self._inbox.qsize()
-        steps = self.decode_steps if greedy and self.decode_steps > 1 and not waiting else 1
-        variant = (greedy, steps)
         same = previous is not None and len(previous.requests) == len(requests) > 0 and all(
             a is b for a, b in zip(previous.requests, requests, strict=True))
         # A request that reaches max_tokens in the previous call leaves the batch: chaining would queue a call
         # of discarded rows ahead of whatever comes next (a new request's prefill would wait for it).
         if same and all(len(r.output_ids) + previous.steps < r.params.max_tokens for r in requests):
+            variant = (greedy, self._steps_per_call(requests, greedy, ahead=previous.steps))
             self._inflight = self._launch_decode(requests, variant, after=previous)
             self._deliver_call(previous)
             return
@@ -467,7 +464,19 @@ class Engine:
             self._deliver_call(previous)
         requests = [r for r in self._decoding if not r.finished]
         if requests:
-            self._inflight = self._launch_decode(requests, variant)
+            self._inflight = self._launch_decode(requests, (greedy, self._steps_per_call(requests, greedy, ahead=0)))
+
+    def _steps_per_call(self, requests: list[Request], greedy: bool, ahead: int) -> int:
+        """Decode steps for the next call over ``requests`` (``ahead``: tokens still in flight for them).
+
+        Several only for a greedy batch with no prompt waiting for its prefill (it would wait that much
+        longer), and only while some request still wants that many tokens: a request's last few tokens
+        take a step each rather than a call whose steps past every end are computed, waited for and
+        discarded."""
+        if not greedy or self.decode_steps == 1 or self._waiting or self._prefilling or self._inbox.qsize():
+            return 1
+        most_left = max(r.params.max_tokens - len(r.output_ids) - ahead for r in requests)
+        return self.decode_steps if most_left >= self.decode_steps else 1
 
     def _deliver_call(self, call: DecodeCall) -> None:
         want_top = any(r.params.logprobs for r in call.requests)

@@ -159,6 +159,28 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
         engine.shutdown()
 
 
+def test_last_tokens_take_single_steps(model, prompts):
+    """A request's last tokens (fewer than a multi-step call's) run a step per call: no step is computed past
+    its max_tokens, and the tokens are those of one step per call."""
+    want = greedy_generate(model, jnp.asarray([prompts[1]]), 12)[0]
+    engine = make_engine(model, decode_steps=3)
+    launched = []
+    launch = engine._launch_decode
+
+    def counting(requests, variant, after=None):
+        launched.append(variant[1])
+        return launch(requests, variant, after)
+
+    engine._launch_decode = counting
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        assert tokens(engine.submit(prompts[1], params)) == want
+        # prefill gives token 1; 11 more: three calls of 3 steps, then 2 calls of 1 (not a fourth call of 3)
+        assert launched == [3, 3, 3, 1, 1]
+    finally:
+        engine.shutdown()
+
+
 def test_nothing_compiles_while_serving(model, prompts, compile_log):
     """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs, with
     decode programs for batches of 3 and 4 only (smaller batches pad to 3)."""
