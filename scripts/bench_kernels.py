@@ -267,12 +267,13 @@ def main() -> None:
     parser.add_argument("--attention-sweep", action="store_true",
                         help="only paged decode attention at B=64 x 4K context, over its tiles, stages, warps, splits")
     parser.add_argument("--chunk-sweep", action="store_true",
-                        help="only gdn_chunk at 9B shapes, T=8192, over its tile widths and warp count, with its error")
-    parser.add_argument("--ops", nargs="+", default=None, metavar="OP",
-                        help="only these of the default run's kernels (gdn_chunk, gdn_decode, gdn_decode_fused, "
-                             "paged_decode)")
+                        help="only gdn_chunk at 9B shapes, T=8192, over its tiles, dk slices, warps and stages, "
+                             "with its error")
+    parser.add_argument("--ops", nargs="+", default=None,
+                        choices=["gdn_chunk", "gdn_decode", "gdn_decode_fused", "paged_decode"],
+                        help="only these of the default run's kernels")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES),
-                        help="model sizes of the default run's shapes")
+                        help="model sizes of the default run's GDN shapes (paged attention runs at 9B's)")
     args = parser.parse_args()
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)

@@ -67,7 +67,8 @@ class EngineConfig:
     max_waiting: int = 4096  # waiting requests before submit raises QueueFullError
     tensor_parallel_size: int = 1  # shards of the model over the first devices
     prefill_sizes: tuple[int, ...] | None = None  # token buckets of the prefill step (default: powers of two)
-    decode_steps: int = 1  # decode steps per call when nothing waits for prefill (hides the host round trip)
+    decode_steps: int = 1  # decode steps per greedy call when nothing waits for prefill (hides the host round
+    # trip); a request's last tokens, fewer than that, take a step per call
     decode_sizes: tuple[int, ...] | None = None  # batch buckets of the decode step (default: powers of two)
 
     def __post_init__(self):

@@ -101,9 +101,9 @@ class GatedDeltaNet(nnx.Module):
     def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
         """o [..., T, Hv, dv] (delta-rule output), z [..., T, Hv, dv] -> [..., T, D].
 
-        o is rounded to the activation dtype first, as HF rounds it (and the prefill kernel writes it), so the
-        model's forward, prefill and decode normalise the same values."""
-        y = self.norm(o.astype(z.dtype), z)
+        o is rounded to the model's dtype first (the weights'; z comes in fp32), as HF rounds it and the prefill
+        kernel writes it, so the model's forward, prefill and decode normalise the same values."""
+        y = self.norm(o.astype(self.out_proj.kernel[...].dtype), z)
         return self.out_proj(y.reshape(*y.shape[:-2], self.value_dim))
 
     def __call__(self, x: jax.Array, cache: dict | None = None):

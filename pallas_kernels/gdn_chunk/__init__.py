@@ -38,8 +38,8 @@ def gdn_chunk(
     """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched).
 
     o comes in q's dtype: with bf16 inputs it is rounded to bf16, as HF rounds the delta rule's output before the
-    gated norm. Tokens past a sequence's end (other sequences', padding) must be finite: the kernel's products
-    read them and mask their contributions, a product with 0 included."""
+    gated norm. k of the tokens after a sequence's end (the next sequence's, padding) must be finite: the state
+    pass multiplies them by the zero rows of V' that mask them."""
     interpret = kernel_mode("gdn_chunk", impl, _unsupported(q, k, v, state_pool))
     if interpret is None:
         o, state_pool = reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)

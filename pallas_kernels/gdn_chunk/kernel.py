@@ -1,7 +1,8 @@
 """Pallas kernels for the chunked gated-delta-rule prefill over a packed ragged batch.
 
-Same signature and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton lowering
-(the `pallas_call` GPU default in jax 0.11/0.12) and runnable with `interpret=True` on CPU.
+Same signature and semantics as `reference.py` (plus tuning keywords), except that O comes in the input
+dtype. Written for Pallas' Triton lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with
+`interpret=True` on CPU.
 
 Algorithm (the WY / UT form of `hybrid_jax.ops.gated_delta.gated_delta_chunked`, as fla's
 `chunk_gated_delta_rule`), per sequence and value head, chunks of C = 64 tokens that never straddle
@@ -35,8 +36,8 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
 
 Loads that feed a product directly are software-pipelined by Triton (`num_stages` tiles in flight through
 shared memory); a select on the loaded tile (zeroing rows past the sequence) stops that. So the state and
-output passes load whole 64-row tiles clamped into bounds and mask rows past the sequence on the smaller
-operand or the result: V' (state pass), the causal select and the store (output pass). Measured on the H200
+output passes load whole 64-row tiles of in-bounds rows and mask rows past the sequence on the smaller
+operand or the result: V' (state pass), the causal select, V' and the store (output pass). Measured on the H200
 at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
 chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
 2 warps, 4 stages). Prepare 213 us, of which A's ten 16 x 16 blocks take ~96, the diagonal inverses ~42 and

@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 for step in "${steps[@]}"; do
   case $step in
     tests) run kernel_tests 200 python3 -m pytest -q tests/kernels ;;
-    sweep) run chunk_sweep 240 python3 scripts/bench_kernels.py --chunk-sweep --out "$OUT/chunk_sweep.json" ;;
+    sweep) run chunk_sweep 540 python3 scripts/bench_kernels.py --chunk-sweep --out "$OUT/chunk_sweep.json" ;;
     bench) run bench_kernels 400 python3 scripts/bench_kernels.py --out "$OUT/bench_kernels.json" ;;
     *) echo "unknown step: $step (tests, sweep or bench)" >&2; exit 2 ;;
   esac
