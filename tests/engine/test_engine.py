@@ -139,9 +139,13 @@ def test_pipelined_calls_across_endings_and_variant_changes(model, prompts, refe
         engine.shutdown()
 
 
-def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
-    """Once the call in flight reaches a request's max_tokens, nothing more is queued for it (a later request's
-    prefill would wait behind those discarded rows)."""
+@pytest.mark.parametrize(("max_tokens", "calls"), [(10, [3, 3, 3]), (12, [3, 3, 3, 1, 1])],
+                         ids=["exact-multiple", "single-step-tail"])
+def test_no_step_runs_past_max_tokens(model, prompts, max_tokens, calls):
+    """Prefill gives token 1, decode calls of 3 steps the rest. Once the call in flight reaches a request's
+    max_tokens nothing more is queued for it (a later request's prefill would wait behind discarded rows), and
+    its last tokens, fewer than a call's 3, take a step per call rather than a call that computes past its end."""
+    want = greedy_generate(model, jnp.asarray([prompts[1]]), max_tokens)[0]
     engine = make_engine(model, decode_steps=3)
     launched = []
     launch = engine._launch_decode
@@ -152,31 +156,9 @@ def test_no_call_is_chained_past_max_tokens(model, prompts, reference):
 
     engine._launch_decode = counting
     try:
-        assert tokens(engine.submit(prompts[1], GREEDY)) == reference[1]
-        # prefill gives token 1; decode calls of 3 steps give the other 9: exactly 3 calls, none of them discarded
-        assert launched == [3, 3, 3]
-    finally:
-        engine.shutdown()
-
-
-def test_last_tokens_take_single_steps(model, prompts):
-    """A request's last tokens (fewer than a multi-step call's) run a step per call: no step is computed past
-    its max_tokens, and the tokens are those of one step per call."""
-    want = greedy_generate(model, jnp.asarray([prompts[1]]), 12)[0]
-    engine = make_engine(model, decode_steps=3)
-    launched = []
-    launch = engine._launch_decode
-
-    def counting(requests, variant, after=None):
-        launched.append(variant[1])
-        return launch(requests, variant, after)
-
-    engine._launch_decode = counting
-    try:
-        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         assert tokens(engine.submit(prompts[1], params)) == want
-        # prefill gives token 1; 11 more: three calls of 3 steps, then 2 calls of 1 (not a fourth call of 3)
-        assert launched == [3, 3, 3, 1, 1]
+        assert launched == calls
     finally:
         engine.shutdown()
 
