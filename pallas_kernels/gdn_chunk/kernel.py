@@ -40,12 +40,13 @@ output passes load whole 64-row tiles of in-bounds rows and mask rows past the s
 operand or the result: V' (state pass), the causal select, V' and the store (output pass). Measured on the H200
 at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
 chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
-2 warps, 4 stages). Prepare 213 us, of which A's ten 16 x 16 blocks take ~96, the diagonal inverses ~42 and
-the blocks below ~52 (by ablation), the rest W and U; its k and v tiles for W and U are loaded after the solve
-(held through it: 225 us). The doubling inverse beat forward substitution (347 us); splitting the pass as fla
-does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, W and U as two 64-row products
-of T from a scratch copy 268 us, the 16 x 16 fp32 products in TF32x3 277 us: it stays one kernel of 16-row
-block products. 8 warps were slower in every pass.
+2 warps, 4 stages). Prepare 166 us: the blocks of T below the diagonal as TF32 products with bf16 inputs, on 2
+warps (all fp32 on 4 warps: 213 us; TF32 on 4 warps 208, fp32 on 2 warps 193); its k and v tiles for W and U
+are loaded after the solve (held through it: 225 us). The doubling inverse beat forward substitution (330 us,
+fla's in-register form included); splitting the pass as fla does (a solve kernel writing T, then W, U in column
+slices) took 199 + 82 us, W and U as two 64-row products of T from a scratch copy 268 us, A accumulated over dk
+slices in a pipelined loop 3 us less (not worth its code): it stays one kernel of 16-row block products. 8
+warps were slower in every pass, 1 warp in the prepare pass (451 us).
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -56,9 +57,11 @@ Why the Triton lowering:
 Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in the sequential kernel
 (the recurrence is latency-bound per chunk) and wgmma for the 64-row products.
 
-Precision: the 16 x 16 solve is fp32. The doubling product cancels where forward substitution does not: with
-near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the bf16 rounding
-that T gets for the W and U products. Products whose operands are q/k/v-sized take the input dtype (bf16
+Precision: the diagonal 16 x 16 inverses are fp32. The doubling product cancels where forward substitution
+does not: with near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the
+bf16 rounding that T gets for the W and U products; in TF32 the same case gave errors of ~25 on W. The blocks
+below the diagonal take one TF32 product each with bf16 inputs (as fla's solve does; ~1e-3 relative, under
+that bf16 rounding; fp32 with fp32 inputs). Products whose operands are q/k/v-sized take the input dtype (bf16
 inputs: tensor cores with fp32 accumulation, the state and T rounded to bf16 for the product, as fla does;
 fp32 inputs: full fp32 products, slower). W and U are stored in the input dtype, gc in fp32.
 """
@@ -82,12 +85,12 @@ def _div(x: jax.Array, d: int) -> jax.Array:
     return lax.div(x, jnp.int32(d))
 
 
-def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.Array:
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), *, tf32: bool = False) -> jax.Array:
     """2-D product contracting a's axis contract[0] with b's axis contract[1]; fp32 result.
 
-    fp32 operands get full fp32 precision (Triton's default would be TF32).
+    fp32 operands get full fp32 precision unless ``tf32`` (one TF32 tensor-core product, ~1e-3 relative).
     """
-    precision = lax.Precision.HIGHEST if a.dtype == F32 else None
+    precision = (lax.Precision.DEFAULT if tf32 else lax.Precision.HIGHEST) if a.dtype == F32 else None
     dims = (((contract[0],), (contract[1],)), ((), ()))
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
 
@@ -168,10 +171,11 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
         a = {(i, j): a_block(i, j) for i in range(NUM_BLOCKS) for j in range(i + 1)}
         diagonal = _unit_lower_inverses([a[i, i] for i in range(NUM_BLOCKS)])
         t_blk = {(i, i): diagonal[i] for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
+        tf32 = dtype != F32  # the blocks below feed bf16 products: TF32 is exact enough (fla does the same)
         for i in range(1, NUM_BLOCKS):
             for j in range(i):
-                acc = sum(_dot(a[i, m], t_blk[m, j]) for m in range(j, i))  # [n, n]
-                t_blk[i, j] = -_dot(t_blk[i, i], acc)
+                acc = sum(_dot(a[i, m], t_blk[m, j], tf32=tf32) for m in range(j, i))  # [n, n]
+                t_blk[i, j] = -_dot(t_blk[i, i], acc, tf32=tf32)
 
         # k again and v only now: fewer registers held through the solve (225 -> 213 us at 9B, T = 8192)
         k = [k_ref[t[:, None], hk, cols_k] for t in tok]  # [n, dk] each
@@ -306,7 +310,7 @@ def gdn_chunk(
     state_block_v: int = 32,
     output_block_v: int = 128,
     output_block_k: int = 32,
-    num_warps: tuple[int, int, int] = (4, 4, 2),
+    num_warps: tuple[int, int, int] = (2, 4, 2),
     num_stages: tuple[int, int, int] = (1, 4, 4),
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype, state_pool
