@@ -141,9 +141,9 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
     The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so the
     projections that read it pad nothing and the GDN decode kernel takes their outputs as they come; the
     mixers' own work sees the N real rows. ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV
-    cache (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N, D], new pool)`` runs a
-    GDN mixer over its slot pool from the padded normed stream h. Returns the final residual stream [N, D] and
-    the new per-layer pools.
+    cache (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N or rows, D], new pool)``
+    runs a GDN mixer over its slot pool from the padded normed stream h. Returns the final residual stream
+    [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
     rows = padded_rows(n)
@@ -227,14 +227,13 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         n = batch.tokens.shape[0]
         mixed, z, b, a = gdn.in_projections(h)  # padded: [rows, C], [rows, Hv, dv], [rows, Hv], [rows, Hv]
-        z = z[:n]
         if kernels.mesh is None:  # one kernel: conv over the ring, norms, gates, state update (reads the B rows)
-            o, conv_pool, state_pool = gdn_decode_fused(
+            o, conv_pool, state_pool = gdn_decode_fused(  # o [rows, Hv, dv], zero past the B: no pad before out_proj
                 mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], batch.slot_ids,
                 batch.positions, pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
-                head_v_dim=gdn.v_dim)
+                head_v_dim=gdn.v_dim, out_rows=mixed.shape[0])
         else:  # conv channels are split across shards by position, not by head: unfused
-            mixed, b, a = mixed[:n], b[:n], a[:n]
+            mixed, z, b, a = mixed[:n], z[:n], b[:n], a[:n]
             conv_pool = pool["conv"]  # [slots, K, C] ring
             before = conv_ring_columns(batch.positions, gdn.kernel)[..., None]  # [B, K-1, 1]
             cached = jnp.take_along_axis(conv_pool[batch.slot_ids], before, axis=1)  # [B, K-1, C]

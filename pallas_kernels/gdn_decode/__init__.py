@@ -52,11 +52,13 @@ def gdn_decode_fused(
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
+    out_rows: int | None = None,
     impl: Impl = "auto",
     **tuning,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
     """Conv over the ring + SiLU, the token's column into the ring, L2 norms, gates and the state update of the
-    GDN decode step, in place on both pools when the caller donates them."""
+    GDN decode step, in place on both pools when the caller donates them. o comes with ``out_rows`` rows (>= B,
+    default B), zero past the batch: the padded rows the few-row projections take."""
     num_v_heads = a.shape[1]
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     reason = gdn_unsupported(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
@@ -72,7 +74,9 @@ def gdn_decode_fused(
     if reason is None and mixed_qkv.dtype not in _DTYPES:
         reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
-    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    if out_rows is not None and out_rows < slot_ids.shape[0]:
+        raise ValueError(f"out_rows {out_rows} < batch {slot_ids.shape[0]}")
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, out_rows=out_rows)
     args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, positions, conv_pool, state_pool)
     if interpret is None:
         return reference.gdn_decode_fused(*args, **heads)

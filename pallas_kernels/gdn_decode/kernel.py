@@ -88,6 +88,12 @@ def _decode_kernel(
     def _padding_row():
         o_ref[b, h, cols] = jnp.zeros((block_v,), F32)
 
+    batch = slot_ref.shape[0]
+    for extra in range(batch, o_ref.shape[0], batch):  # rows past the batch (out_rows): zeros
+        @pl.when(b + extra < o_ref.shape[0])
+        def _(row=b + extra):
+            o_ref[row, h, cols] = jnp.zeros((block_v,), F32)
+
 
 def _check_block_v(block_v: int, dv: int) -> None:
     if block_v < 16 or block_v & (block_v - 1) or dv % block_v:
@@ -199,9 +205,16 @@ def _fused_kernel(
     def _padding_row():
         o_ref[b, h, cols] = jnp.zeros((block_v,), F32)
 
+    batch = slot_ref.shape[0]
+    for extra in range(batch, o_ref.shape[0], batch):  # rows past the batch (out_rows): zeros
+        @pl.when(b + extra < o_ref.shape[0])
+        def _(row=b + extra):
+            o_ref[row, h, cols] = jnp.zeros((block_v,), F32)
+
 
 @functools.partial(
-    jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "block_v", "num_warps", "interpret")
+    jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "out_rows", "block_v", "num_warps",
+                              "interpret")
 )
 def gdn_decode_fused(
     mixed_qkv: jax.Array,  # [>= B, C]: rows past B (a padded batch) are not read
@@ -218,11 +231,13 @@ def gdn_decode_fused(
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
+    out_rows: int | None = None,
     block_v: int | None = None,
     num_warps: int = 4,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
-    """The GDN decode step from the raw projections, in place on both (donated) pools.
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
+    """The GDN decode step from the raw projections, in place on both (donated) pools. o has ``out_rows`` rows
+    (>= B; default B), zero past the batch, as the few-row projections downstream take them.
 
     block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
     fill the GPU for this batch. On the H200 (`bench_kernels.py --decode-sweep`, engine traces): 9B batch 1,
@@ -239,7 +254,7 @@ def gdn_decode_fused(
     return pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((batch, num_v_heads, head_v_dim), F32),
+            jax.ShapeDtypeStruct((out_rows or batch, num_v_heads, head_v_dim), F32),
             jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
             jax.ShapeDtypeStruct(state_pool.shape, F32),
         ),

@@ -55,10 +55,11 @@ def gdn_decode_fused(
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, conv_pool, state_pool
+    out_rows: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
     """The GDN layer's decode step from the raw projections: depthwise conv + SiLU over the ring's K-1 columns
     before the token and its own, the token's column into the ring, L2 norm and q scaling, gates, and the state
-    update (as `GatedDeltaNet.project` + `gated_delta_step`)."""
+    update (as `GatedDeltaNet.project` + `gated_delta_step`). o: zero rows after the B up to ``out_rows``."""
     batch, width = slot_ids.shape[0], conv_weight.shape[0]
     mixed_qkv, a, b = mixed_qkv[:batch], a[:batch], b[:batch]
     key_dim = num_k_heads * head_k_dim
@@ -71,4 +72,5 @@ def gdn_decode_fused(
     g, beta = decode_gates(a, b, A_log, dt_bias)
     o, state_pool = gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
     conv_pool = conv_pool.at[slot_ids, positions % width].set(mixed_qkv.astype(conv_pool.dtype))
+    o = jnp.pad(o, ((0, (out_rows or batch) - batch), (0, 0), (0, 0)))
     return o, conv_pool, state_pool

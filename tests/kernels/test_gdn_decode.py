@@ -214,6 +214,24 @@ def test_fused_kernel_ignores_projection_rows_past_the_batch(impl):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
+@pytest.mark.parametrize("impl", [*IMPLS, "reference"])
+def test_fused_output_rows_padded(impl):
+    """out_rows = 16 for a batch of 7 (the few-row projections' padding): the same o on the batch's rows, zeros
+    after them (the kernel's output buffer starts as garbage), the same pools but for the null slot 0 (the
+    reference's padding rows scatter into it, in no fixed order on a GPU)."""
+    step = Step(6, 4, 3, 2, 4, 16, 32, jnp.bfloat16)
+    args = step.fused_args()
+    want = gd.gdn_decode_fused(*args, **step.head_kwargs(), impl=impl)
+    got = gd.gdn_decode_fused(*args, **step.head_kwargs(), out_rows=16, impl=impl)
+    assert got[0].shape == (16, *want[0].shape[1:])
+    np.testing.assert_array_equal(np.asarray(got[0][:7]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[0][7:]), 0.0)
+    for g, w in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_array_equal(np.asarray(g[1:], np.float32), np.asarray(w[1:], np.float32))
+    with pytest.raises(ValueError, match="out_rows 6 < batch 7"):
+        gd.gdn_decode_fused(*args, **step.head_kwargs(), out_rows=6, impl=impl)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("num_v_heads", [16, 32, 48])
 def test_kernels_real_shapes_in_place_gpu(num_v_heads):
