@@ -139,9 +139,10 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
     """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens, positions [N].
 
     The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so the
-    projections that read it pad nothing and the GDN decode kernel takes their outputs as they come; the
-    mixers' own work sees the N real rows. ``attend(q, k_pages, v_pages, scale) -> o`` reads the paged KV
-    cache (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N or rows, D], new pool)``
+    projections that read it pad nothing and the GDN decode kernel takes their outputs as they come; attention
+    and the recurrences see the N real rows (the fused GDN decode returns o padded back to the rows, zeros
+    past N, for its gated norm and out-projection). ``attend(q, k_pages, v_pages, scale) -> o`` reads the KV
+    pages (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N or rows, D], new pool)``
     runs a GDN mixer over its slot pool from the padded normed stream h. Returns the final residual stream
     [N, D] and the new per-layer pools.
     """

@@ -22,8 +22,8 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
    launches than the search: 9B, T = 1024, 0.085 -> 0.126 ms a call). T is built from 16 x 16 blocks
    (tl.dot's minimum): each diagonal block by the doubling product (I + A)^-1 = (I - A)(I + A^2)(I + A^4)
    (I + A^8) (A^16 = 0: six fp32 products instead of 15 dependent row steps of forward substitution), the
-   blocks below by block substitution `T_ij = -T_ii sum_m A_im T_mj`, all in fp32; then W, U are sums of
-   block products.
+   blocks below by block substitution `T_ij = -T_ii sum_m A_im T_mj` (TF32 products with bf16 inputs, fp32
+   with fp32 inputs; see Precision); then W, U are sums of block products.
 2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
    of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
    are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
@@ -40,13 +40,14 @@ output passes load whole 64-row tiles of in-bounds rows and mask rows past the s
 operand or the result: V' (state pass), the causal select, V' and the store (output pass). Measured on the H200
 at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
 chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
-2 warps, 4 stages). Prepare 166 us: the blocks of T below the diagonal as TF32 products with bf16 inputs, on 2
-warps (all fp32 on 4 warps: 213 us; TF32 on 4 warps 208, fp32 on 2 warps 193); its k and v tiles for W and U
-are loaded after the solve (held through it: 225 us). The doubling inverse beat forward substitution (330 us,
-fla's in-register form included); splitting the pass as fla does (a solve kernel writing T, then W, U in column
-slices) took 199 + 82 us, W and U as two 64-row products of T from a scratch copy 268 us, A accumulated over dk
-slices in a pipelined loop 3 us less (not worth its code): it stays one kernel of 16-row block products. 8
-warps were slower in every pass, 1 warp in the prepare pass (451 us).
+2 warps, 4 stages). Prepare pass: the blocks of T below the diagonal as TF32 products with bf16 inputs, on 2
+warps: 175 us alone (166 in the full benchmark), against all fp32 on 4 warps 213, TF32 on 4 warps 208, fp32
+on 2 warps 193; its k and v tiles for W and U are loaded after the solve (held through it: 225 us). The
+doubling inverse beat forward substitution (330 us on 4 warps and 191 on 2 in fla's in-register form);
+splitting the pass as fla does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, W and
+U as two 64-row products of T from a scratch copy 268 us, A accumulated over dk slices in a pipelined loop 3
+us less (not worth its code): it stays one kernel of 16-row block products. 8 warps were slower in every
+pass, 1 warp in the prepare pass (451 us).
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -60,10 +61,11 @@ Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in 
 Precision: the diagonal 16 x 16 inverses are fp32. The doubling product cancels where forward substitution
 does not: with near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the
 bf16 rounding that T gets for the W and U products; in TF32 the same case gave errors of ~25 on W. The blocks
-below the diagonal take one TF32 product each with bf16 inputs (as fla's solve does; ~1e-3 relative, under
-that bf16 rounding; fp32 with fp32 inputs). Products whose operands are q/k/v-sized take the input dtype (bf16
-inputs: tensor cores with fp32 accumulation, the state and T rounded to bf16 for the product, as fla does;
-fp32 inputs: full fp32 products, slower). W and U are stored in the input dtype, gc in fp32.
+below the diagonal take one TF32 product each with bf16 inputs (as fla 0.6.0's fused solve does on TF32 GPUs,
+`ops/gated_delta_rule/chunk_fwd.py`; ~1e-3 relative, under that bf16 rounding; fp32 with fp32 inputs).
+Products whose operands are q/k/v-sized take the input dtype (bf16 inputs: tensor cores with fp32
+accumulation, the state and T rounded to bf16 for the product, as fla does; fp32 inputs: full fp32 products,
+slower). W and U are stored in the input dtype, gc in fp32.
 """
 
 import functools
@@ -90,7 +92,7 @@ def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0), *, tf32
 
     fp32 operands get full fp32 precision unless ``tf32`` (one TF32 tensor-core product, ~1e-3 relative).
     """
-    precision = (lax.Precision.DEFAULT if tf32 else lax.Precision.HIGHEST) if a.dtype == F32 else None
+    precision = None if a.dtype != F32 else lax.Precision.DEFAULT if tf32 else lax.Precision.HIGHEST
     dims = (((contract[0],), (contract[1],)), ((), ()))
     return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=F32)
 
@@ -171,7 +173,7 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
         a = {(i, j): a_block(i, j) for i in range(NUM_BLOCKS) for j in range(i + 1)}
         diagonal = _unit_lower_inverses([a[i, i] for i in range(NUM_BLOCKS)])
         t_blk = {(i, i): diagonal[i] for i in range(NUM_BLOCKS)}  # blocks of T = (I + A)^-1
-        tf32 = dtype != F32  # the blocks below feed bf16 products: TF32 is exact enough (fla does the same)
+        tf32 = dtype != F32  # the blocks below feed bf16 products: TF32 is exact enough (see Precision)
         for i in range(1, NUM_BLOCKS):
             for j in range(i):
                 acc = sum(_dot(a[i, m], t_blk[m, j], tf32=tf32) for m in range(j, i))  # [n, n]

@@ -74,8 +74,6 @@ def gdn_decode_fused(
     if reason is None and mixed_qkv.dtype not in _DTYPES:
         reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
-    if out_rows is not None and out_rows < slot_ids.shape[0]:
-        raise ValueError(f"out_rows {out_rows} < batch {slot_ids.shape[0]}")
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, out_rows=out_rows)
     args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, positions, conv_pool, state_pool)
     if interpret is None:

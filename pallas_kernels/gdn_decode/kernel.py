@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from hybrid_jax.layers.gdn import l2_normalize
+from pallas_kernels.gdn_decode.reference import output_rows
 
 F32 = jnp.float32
 _TARGET_PROGRAMS = 264  # ~2 waves over the H200's 132 SMs
@@ -87,12 +88,6 @@ def _decode_kernel(
     @pl.when(slot == 0)
     def _padding_row():
         o_ref[b, h, cols] = jnp.zeros((block_v,), F32)
-
-    batch = slot_ref.shape[0]
-    for extra in range(batch, o_ref.shape[0], batch):  # rows past the batch (out_rows): zeros
-        @pl.when(b + extra < o_ref.shape[0])
-        def _(row=b + extra):
-            o_ref[row, h, cols] = jnp.zeros((block_v,), F32)
 
 
 def _check_block_v(block_v: int, dv: int) -> None:
@@ -246,6 +241,7 @@ def gdn_decode_fused(
     each key head's q/k is now convolved once per program); 8 warps and narrower tiles were slower there.
     """
     batch = slot_ids.shape[0]
+    out_rows = output_rows(out_rows, batch)
     num_v_heads = a.shape[1]
     if block_v is None:
         block_v = _pick_block_v(batch * num_v_heads, head_v_dim, widest=128, narrowest=16)
@@ -254,7 +250,7 @@ def gdn_decode_fused(
     return pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((out_rows or batch, num_v_heads, head_v_dim), F32),
+            jax.ShapeDtypeStruct((out_rows, num_v_heads, head_v_dim), F32),
             jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
             jax.ShapeDtypeStruct(state_pool.shape, F32),
         ),

@@ -40,6 +40,13 @@ def decode_gates(
     return g, jax.nn.sigmoid(b.astype(F32))
 
 
+def output_rows(out_rows: int | None, batch: int) -> int:
+    """Rows of the fused step's o: ``out_rows`` (>= batch), or the batch."""
+    if out_rows is not None and out_rows < batch:
+        raise ValueError(f"out_rows {out_rows} < batch {batch}")
+    return batch if out_rows is None else out_rows
+
+
 def gdn_decode_fused(
     mixed_qkv: jax.Array,  # [>= B, C] raw in_proj_qkv output (q | k | v channels); rows past B are not read
     a: jax.Array,  # [>= B, Hv]
@@ -72,5 +79,5 @@ def gdn_decode_fused(
     g, beta = decode_gates(a, b, A_log, dt_bias)
     o, state_pool = gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
     conv_pool = conv_pool.at[slot_ids, positions % width].set(mixed_qkv.astype(conv_pool.dtype))
-    o = jnp.pad(o, ((0, (out_rows or batch) - batch), (0, 0), (0, 0)))
+    o = jnp.pad(o, ((0, output_rows(out_rows, batch) - batch), (0, 0), (0, 0)))
     return o, conv_pool, state_pool

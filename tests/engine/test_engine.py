@@ -60,8 +60,9 @@ def test_greedy_matches_plain_model(model, prompts, reference, chunk, steps):
 
 
 def test_padded_residual_stream_matches_plain_model(model, prompts, reference, monkeypatch):
-    """On a GPU the steps pad their rows to the few-row kernel's 16 (zero rows that the mixers never see); the
-    same padding here must leave every token as it was."""
+    """On a GPU the steps pad their rows to the few-row kernel's 16 (zero rows that attention and the
+    recurrences never see; the GDN decode's o comes back padded to them); the same padding here must leave
+    every token as it was."""
     import hybrid_jax.engine.steps as steps
 
     monkeypatch.setattr(steps, "padded_rows", lambda n: max(n, 16))

@@ -78,13 +78,14 @@ def _assert_close(got, want, tol):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol)
 
 
-def _check(batch: Batch, o, pool, o_want, pool_want, tol):
-    """Real rows and real slots close; padding rows exactly 0; every other slot (null slot too) unchanged."""
+def _check(batch: Batch, o, pool, o_want, pool_want, tol, state_tol=None):
+    """Real rows and real slots close (the states within ``state_tol``, default ``tol``); padding rows exactly
+    0; every other slot (null slot too) unchanged."""
     end = batch.cu[-1]
     _assert_close(o[:end], o_want[:end], tol)
     np.testing.assert_array_equal(np.asarray(o[end:]), 0.0)
     real = ~batch.untouched_slots()
-    _assert_close(np.asarray(pool)[real], np.asarray(pool_want)[real], tol)
+    _assert_close(np.asarray(pool)[real], np.asarray(pool_want)[real], tol if state_tol is None else state_tol)
     keep = batch.untouched_slots()
     np.testing.assert_array_equal(np.asarray(pool)[keep], np.asarray(batch.pool)[keep])
 
@@ -171,8 +172,9 @@ def test_kernel_near_equal_keys_gpu():
     decay. The blocks of T below the diagonal are TF32 products on the GPU, the diagonal ones fp32 (TF32 there
     cancels to errors of ~25 on W entries of 0.4: BENCHMARKS, ninth session). o is held to the bf16 tolerance.
     The final state is ill-conditioned here: its components across the shared key come from key differences of
-    1%, so the kernel's bf16 roundings (4e-3 relative) reach ~40% of a few of those entries (4 of 1.5M exceeded
-    2e-2 + 2e-2 |x|, by at most 0.03 absolute); it is held to 5e-2."""
+    1%, which the kernel's roundings (bf16 operands, 4e-3 relative; TF32 in the solve may add to them) reach:
+    on the H200, 4 of 1.5M entries exceeded 2e-2 + 2e-2 |x| by up to 0.0023 (differences up to 0.029). The
+    state is held to 3e-2 + 3e-2 |x|."""
     batch = Batch(10, [300, 64, 129], 3, 16, 32, 128, 128, jnp.bfloat16)
     rng = np.random.default_rng(11)
     base = rng.standard_normal((1, 16, 128))
@@ -181,8 +183,7 @@ def test_kernel_near_equal_keys_gpu():
     batch.beta, batch.g = jnp.ones_like(batch.beta), jnp.zeros_like(batch.g)
     o, pool = gc.gdn_chunk(*batch.args(), impl="kernel")
     o_want, pool_want = reference.gdn_chunk(*batch.args())
-    _check(batch, o, pool, o_want, pool_want, 5e-2)
-    _assert_close(o, o_want, TOL[jnp.bfloat16])
+    _check(batch, o, pool, o_want, pool_want, TOL[jnp.bfloat16], state_tol=3e-2)
 
 
 @pytest.mark.parametrize(("keys", "tol"), [("random", 1e-6), ("near-equal, beta 1", 1e-3)])
