@@ -278,8 +278,9 @@ def main() -> None:
     lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
     batches = (1, 64) if args.quick else (1, 8, 64, 256)
     if args.chunk_sweep:
-        # The passes time separately (device_us): each case varies the state and output passes together.
-        cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, obk, (4, w_state, w_out), (1, st, st))
+        # The passes time separately (device_us): each case varies the state and output passes together; the
+        # prepare pass keeps its defaults (2 warps, 1 stage).
+        cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, obk, (2, w_state, w_out), (1, st, st))
                  for sbv, obv, obk in ((16, 128, 32), (32, 128, 32), (32, 64, 64), (64, 128, 64))
                  for w_state, w_out in ((4, 2), (4, 4)) for st in (3, 4)]
     elif args.decode_sweep:
