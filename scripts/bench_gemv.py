@@ -1,13 +1,15 @@
 """Decode-shaped projections (few rows x weights): XLA's dot against the Pallas gemv kernel, in device time.
 
-    python scripts/bench_gemv.py [--batch 1 8 64] [--sweep]
+    python scripts/bench_gemv.py [--batch 1 8 64] [--sweep] [--swiglu]
 
 Per shape, 16 distinct weight sets (together larger than the L2 cache) run in one jit; the figure is the
 traced device time of all its kernels divided by 16, and the TB/s of weight bytes that implies.
 ``xla``: XLA's dots (weight [in, out]). ``xla_t``: XLA's dots on the transposed weight [out, in], the
 checkpoint's own layout. ``pallas``: pallas_kernels.gemv at its default tuning, one launch per set (the
 weights of a set share the input); with --sweep also every tuning of a grid at batch 1, the best per shape
-and the tunings best over all the shapes run. Writes JSON.
+and the tunings best over all the shapes run. ``--swiglu``: for the gate/up pairs instead, `gemv` plus the
+SwiGLU product against the fused `gemv_swiglu` at its tuning for the shape (`SWIGLU_TUNING`, else the
+default), and with --sweep every tuning of its grid: what `SWIGLU_TUNING` is read from. Writes JSON.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.profiling import trace_kernels
-from pallas_kernels.gemv import gemv
+from pallas_kernels.gemv import gemv, gemv_swiglu
+from pallas_kernels.gemv.reference import swiglu_product
 
 SHAPES = {  # name: (in, (out, ...)) of the decode step's projections at real sizes; a set shares its input
     "0.8b gate+up": (1024, (3584, 3584)), "0.8b down": (3584, (1024,)),
     "0.8b gdn qkv+z+b+a": (1024, (6144, 2048, 16, 16)), "0.8b gdn out": (2048, (1024,)),
+    "2b gate+up": (2048, (6144, 6144)), "2b down": (6144, (2048,)),
+    "2b gdn qkv+z+b+a": (2048, (4096, 2048, 16, 16)), "2b gdn out": (2048, (2048,)),
+    "4b gate+up": (2560, (9216, 9216)), "4b down": (9216, (2560,)),
+    "4b gdn qkv+z+b+a": (2560, (8192, 4096, 32, 32)), "4b gdn out": (4096, (2560,)),
+    "4b attn q+k+v": (2560, (8192, 1024, 1024)),
     "9b gate+up": (4096, (12288, 12288)), "9b down": (12288, (4096,)),
     "9b gdn qkv+z+b+a": (4096, (8192, 4096, 32, 32)), "9b gdn out": (4096, (4096,)),
     "9b attn q+k+v": (4096, (8192, 1024, 1024)),
@@ -36,6 +44,9 @@ COPIES = 16
 SWEEP = [dict(block_n=bn, block_k=bk, num_stages=st, num_warps=nw, target_programs=tp)
          for (bn, bk), st, nw, tp in itertools.product([(32, 128), (64, 128)], (3, 4), (4,),
                                                        (264, 396, 528, 1056, 2112))]
+
+SWIGLU_SWEEP = [dict(block_n=bn, num_warps=nw, num_stages=st)
+                for bn, nw, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
 
 
 def run(variant: str, **tuning):
@@ -51,6 +62,30 @@ def run(variant: str, **tuning):
                             for w in ws)
         return outs
     return jax.jit(fn)
+
+
+def run_swiglu(fused: bool, **tuning):
+    def fn(x, sets):
+        if fused:
+            return [gemv_swiglu(x, *ws, impl="kernel", **tuning) for ws in sets]
+        return [swiglu_product(*gemv(x, ws, impl="kernel")) for ws in sets]
+    return jax.jit(fn)
+
+
+def swiglu_row(name: str, batch: int, x, sets, sweep: bool) -> dict:
+    """gemv + product against the fused kernel (and its sweep) for one gate/up shape."""
+    row = {"shape": name, "batch": batch, "unfused_us": device_us(run_swiglu(False), x, sets),
+           "fused_us": device_us(run_swiglu(True), x, sets)}
+    if sweep and batch == 1:
+        timed = []
+        for tuning in SWIGLU_SWEEP:
+            try:
+                timed.append((device_us(run_swiglu(True, **tuning), x, sets), tuning))
+            except Exception as e:  # noqa: BLE001 - a tuning the compiler rejects is skipped, with the reason shown
+                print(f"  {tuning}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        row["sweep"] = [{"us": us, **t} for us, t in timed]
+        row["best_us"], row["best"] = min(timed, key=lambda r: r[0])
+    return row
 
 
 def device_us(fn, *args) -> float:
@@ -82,6 +117,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--sweep", action="store_true", help="also search the kernel's tuning at batch 1")
     parser.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name contains one of these")
+    parser.add_argument("--swiglu", action="store_true", help="the gate/up pairs: fused SwiGLU kernel vs unfused")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     key = jax.random.key(0)
@@ -89,12 +125,18 @@ def main() -> None:
     for name, (d_in, widths) in SHAPES.items():
         if args.shapes and not any(part in name for part in args.shapes):
             continue
+        if args.swiglu and "gate+up" not in name:
+            continue
         sets = [tuple(jax.random.normal(jax.random.fold_in(key, 100 * i + j), (d_in, n), jnp.bfloat16)
                       for j, n in enumerate(widths)) for i in range(COPIES)]
         transposed = [tuple(w.T.copy() for w in ws) for ws in sets]
         nbytes = 2 * d_in * sum(widths)
         for batch in args.batch:
             x = jax.random.normal(key, (batch, d_in), jnp.bfloat16)
+            if args.swiglu:
+                rows.append(swiglu_row(name, batch, x, sets, args.sweep))
+                print(json.dumps(rows[-1]), flush=True)
+                continue
             row = {"shape": name, "in": d_in, "out": widths, "batch": batch}
             for variant, ws in (("xla", sets), ("xla_t", transposed), ("pallas", sets)):
                 row[f"{variant}_us"] = device_us(run(variant), x, ws)
@@ -109,7 +151,14 @@ def main() -> None:
         del sets, transposed
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": str(jax.devices()[0]), "sweep": SWEEP, "rows": rows}, f, indent=1)
+            json.dump({"device": str(jax.devices()[0]), "sweep": SWIGLU_SWEEP if args.swiglu else SWEEP,
+                       "rows": rows}, f, indent=1)
+    if args.swiglu:
+        print(f"{'shape':20} {'B':>3} {'gemv+product us':>15} {'fused us':>9} {'best us':>8}  best tuning")
+        for r in rows:
+            best = f"{r['best_us']:8.1f}  {r['best']}" if "best" in r else ""
+            print(f"{r['shape']:20} {r['batch']:3d} {r['unfused_us']:15.1f} {r['fused_us']:9.1f} {best}")
+        return
     print(f"{'shape':20} {'B':>3} {'xla us':>8} {'TB/s':>5} {'xla_t us':>8} {'TB/s':>5} {'pallas us':>9} {'TB/s':>5} "
           f"{'best TB/s':>9}  best tuning")
     for r in rows:

@@ -1,5 +1,6 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
-input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh)."""
+input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh);
+`swiglu`: the MLP's gate/up pair and its product, fused there too where the kernel is tuned for the shape."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.sharding import TP
-from pallas_kernels.gemv import gemv
+from pallas_kernels.gemv import gemv, gemv_swiglu
 from pallas_kernels.gemv.reference import gemv as xla_gemv
+from pallas_kernels.gemv.reference import swiglu_product
 
 _FEW_ROW_KERNEL: contextvars.ContextVar[tuple[bool, Mesh | None]] = contextvars.ContextVar(
     "few_row_kernel", default=(False, None))
@@ -56,6 +58,15 @@ def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax
     if mesh is None:
         return gemv(x, weights, out_dtype)
     return _sharded_gemv(x, weights, tuple(layer.tp_split for layer in layers), mesh, out_dtype)
+
+
+def swiglu(x: jax.Array, gate: Linear, up: Linear) -> jax.Array:
+    """silu(gate(x)) * up(x) [..., N] rounded as HF's MLP rounds it; one fused launch inside `few_row_kernel()`
+    (no mesh)."""
+    enabled, mesh = _FEW_ROW_KERNEL.get()
+    if enabled and mesh is None:
+        return gemv_swiglu(x, gate.kernel[...], up.kernel[...])
+    return swiglu_product(*project(x, (gate, up)))
 
 
 def _sharded_gemv(x: jax.Array, weights: tuple[jax.Array, ...], splits: tuple[str | None, ...], mesh: Mesh,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from hybrid_jax.layers.linear import Linear, project
+from hybrid_jax.layers.linear import Linear, swiglu
 
 
 class MLP(nnx.Module):
@@ -15,5 +15,4 @@ class MLP(nnx.Module):
         self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
-        gate, up = project(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(jax.nn.silu(gate) * up)
+        return self.down_proj(swiglu(x, self.gate_proj, self.up_proj))

@@ -1,4 +1,5 @@
-"""A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch.
+"""A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch;
+and the MLP's gate/up pair with the SwiGLU product fused (`gemv_swiglu`).
 
 `impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
 it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
@@ -63,4 +64,28 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
-__all__ = ["Impl", "MAX_ROWS", "gemv", "padded_rows", "runs_kernel"]
+def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl = "auto", **tuning) -> jax.Array:
+    """silu(x w_gate) * (x w_up): x [..., K], w_gate / w_up [K, N] -> [..., N] in the weights' dtype, each
+    projection rounded to that dtype before the product (`reference.swiglu_product`).
+
+    "auto" fuses on a GPU only for shapes with a measured tuning (`kernel.SWIGLU_TUNING`) and at most
+    `kernel.SWIGLU_MAX_ROWS` rows; otherwise it runs `gemv` ("auto") and the product."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])  # [M, K]
+    k, n = w_gate.shape
+    reason = next((r for w in (w_gate, w_up) if (r := _unsupported(rows.shape[0], k, w, w_gate.dtype))), None)
+    if reason is None and w_up.shape != w_gate.shape:
+        reason = f"gate {w_gate.shape} and up {w_up.shape} differ"
+    if reason is None and impl == "auto" and (k, n) not in kernel.SWIGLU_TUNING:
+        reason = f"no measured tuning for (K, N) = {(k, n)}"
+    if reason is None and impl == "auto" and rows.shape[0] > kernel.SWIGLU_MAX_ROWS:
+        reason = f"{rows.shape[0]} rows > {kernel.SWIGLU_MAX_ROWS}"
+    interpret = kernel_mode("gemv_swiglu", impl, reason)
+    if interpret is None:
+        y = reference.swiglu_product(*gemv(rows, (w_gate, w_up), impl=impl))
+    else:
+        y = kernel.gemv_swiglu(rows, w_gate, w_up, interpret=interpret, **tuning)
+    return y.reshape(*lead, n)
+
+
+__all__ = ["Impl", "MAX_ROWS", "gemv", "gemv_swiglu", "padded_rows", "runs_kernel"]

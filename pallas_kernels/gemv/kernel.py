@@ -14,6 +14,12 @@ weight traffic).
 When the column blocks alone give too few programs to fill the GPU, K is split too: each split writes an
 fp32 partial and XLA sums the few partials (fused into the consumer).
 
+`gemv_swiglu` is the MLP's gate/up pair with the SwiGLU product in the epilogue: a program owns the same
+column block of both weights, walks K whole (the product needs finished sums) and writes
+silu(gate) * up, rounded as `reference.swiglu_product` rounds. It saves the product's launch and reads no
+gate/up activations back; its tiles are tuned per shape (`SWIGLU_TUNING`), and shapes with no measured win
+take `gemv` and the product.
+
 Why the Triton lowering: the loop is one load and one small dot per tile; Triton's pipelining of the
 loads is what a bandwidth-bound GEMV needs, with no warp specialisation to write by hand.
 """
@@ -72,6 +78,64 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
             o_ref[s, :, cols] = acc.astype(o_ref.dtype)
 
         first += blocks
+
+
+def _swiglu_kernel(x_ref, gate_ref, up_ref, o_ref, *, block_k: int, block_n: int):
+    # x_ref [Mp, K], gate_ref / up_ref [K, N], o_ref [Mp, N]: whole arrays; program j owns columns j.
+    cols = pl.ds(pl.program_id(0) * block_n, block_n)
+
+    def body(i, acc):
+        gate, up = acc
+        rows = pl.ds(i * block_k, block_k)
+        x = x_ref[:, rows]
+        return (gate + jnp.dot(x, gate_ref[rows, cols], preferred_element_type=F32),
+                up + jnp.dot(x, up_ref[rows, cols], preferred_element_type=F32))
+
+    zeros = jnp.zeros((x_ref.shape[0], block_n), F32)
+    gate, up = jax.lax.fori_loop(0, x_ref.shape[1] // block_k, body, (zeros, zeros))  # [Mp, bn] fp32 each
+    dtype = o_ref.dtype  # `reference.swiglu_product`'s roundings as casts, which Triton keeps
+    act = jax.nn.silu(gate.astype(dtype).astype(F32)).astype(dtype)
+    o_ref[:, cols] = (act.astype(F32) * up.astype(dtype).astype(F32)).astype(dtype)
+
+
+# (K, N) of a gate/up pair -> (block_n, num_warps, num_stages) where the fused kernel beat `gemv` and the
+# product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1); not 0.8B (7.6 against 7.5 us).
+SWIGLU_TUNING = {
+    (2560, 9216): (128, 4, 3),  # 4B
+    (4096, 12288): (128, 4, 3),  # 9B
+    (5120, 17408): (64, 8, 2),  # 27B
+}
+SWIGLU_DEFAULT = (128, 4, 3)
+SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overflow shared memory
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "block_n", "num_warps", "num_stages", "interpret"))
+def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, block_k: int = 128, block_n: int | None = None,
+                num_warps: int | None = None, num_stages: int | None = None, interpret: bool = False) -> jax.Array:
+    """silu(x w_gate) * (x w_up): x [M, K], w_gate / w_up [K, N] (one dtype) -> [M, N] in the weights' dtype.
+
+    Tiles default to `SWIGLU_TUNING`'s for this (K, N), else `SWIGLU_DEFAULT`; block_k / block_n shrink to
+    powers of two dividing K / N.
+    """
+    m, k = x.shape
+    n = w_gate.shape[1]
+    tuned = SWIGLU_TUNING.get((k, n), SWIGLU_DEFAULT)
+    block_n, num_warps, num_stages = (given or default for given, default in
+                                      zip((block_n, num_warps, num_stages), tuned, strict=True))
+    block_k, (block_n,), _ = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=1)
+    padded = padded_rows(m)
+    xp = jnp.pad(x.astype(w_gate.dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
+    out = pl.pallas_call(
+        functools.partial(_swiglu_kernel, block_k=block_k, block_n=block_n),
+        out_shape=jax.ShapeDtypeStruct((padded, n), w_gate.dtype),
+        grid=(n // block_n,),
+        in_specs=[pl.no_block_spec] * 3,
+        out_specs=pl.no_block_spec,
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        name="gemv_swiglu",
+    )(xp, w_gate, w_up)  # [Mp, N]
+    return out[:m]
 
 
 def padded_rows(m: int) -> int:

@@ -3,7 +3,8 @@
 Random bf16 inputs; row counts 1, 5, 16, 33 (padding to the 16/64-row tile); one weight and several of
 different widths sharing x; K-splits and column blocks that do and do not fill the grid. Tolerance: fp32
 accumulation in both, only the summation order differs (rtol 1e-5, atol 1e-5 x the largest output); the
-bf16 output case within one bf16 ulp.
+bf16 output case within one bf16 ulp. The gate/up kernel with the SwiGLU product (`gemv_swiglu`) against
+the two projections and `swiglu_product`, which rounds as HF's bf16 MLP does.
 """
 
 import jax
@@ -11,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.gemv import MAX_ROWS, gemv
+from pallas_kernels.gemv import MAX_ROWS, gemv, gemv_swiglu
 from pallas_kernels.gemv.kernel import plan
+from pallas_kernels.gemv.reference import swiglu_product
 
 ON_GPU = jax.default_backend() == "gpu"
 IMPL = "kernel" if ON_GPU else "interpret"
@@ -87,3 +89,37 @@ def test_auto_runs_the_kernel_for_the_weights_that_suit_it(monkeypatch):
     assert launched == [[32, 48]]
     for g, w in zip(got, gemv(x, weights, impl="reference"), strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("k, n, tuning", [
+    (256, 96, dict(block_k=64, block_n=32)),  # 3 column blocks, 4 K steps
+    (192, 64, dict(block_k=64, block_n=64, num_stages=2)),  # one program
+    (512, 48, dict(block_k=128, block_n=64)),  # block_n halves to 16 to divide N
+])
+def test_swiglu_matches_reference(rows, k, n, tuning):
+    x, (w_gate, w_up) = _inputs(rows + k, rows, k, (n, n))
+    got = gemv_swiglu(x, w_gate, w_up, impl=IMPL, **tuning)
+    want = gemv_swiglu(x, w_gate, w_up, impl="reference")
+    assert got.shape == want.shape == (rows, n) and got.dtype == jnp.bfloat16
+    # The sums differ in order only; a sum that lands on the other side of a bf16 rounding boundary moves
+    # the product by about one bf16 ulp of each factor.
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-6,
+                               atol=2**-7 * float(jnp.max(jnp.abs(want.astype(jnp.float32)))))
+
+
+def test_swiglu_product_rounds_each_step():
+    # Pairs where rounding the SiLU first changes the bf16 product (numpy arrays of ml_dtypes' bfloat16).
+    gate = np.asarray([0.640625, -0.53515625, -2.328125, -0.21875, -1.2421875]).astype(jnp.bfloat16)
+    up = np.asarray([-2.578125, -5.03125, -1.03125, -0.51953125, -4.40625]).astype(jnp.bfloat16)
+    g = gate.astype(np.float64)
+    act = (g / (1 + np.exp(-g))).astype(jnp.bfloat16)  # the SiLU rounded, then the product rounded
+    want = (act.astype(np.float64) * up.astype(np.float64)).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(swiglu_product(jnp.asarray(gate), jnp.asarray(up))), want)
+
+
+def test_swiglu_auto_falls_back_for_untuned_shapes():
+    x, (w_gate, w_up) = _inputs(0, 2, 128, (64, 64))
+    got = gemv_swiglu(x, w_gate, w_up)  # CPU, or a GPU with no tuning for (128, 64): gemv then the product
+    want = swiglu_product(*gemv(x, (w_gate, w_up), impl="reference"))
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=1e-6)

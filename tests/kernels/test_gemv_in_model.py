@@ -1,8 +1,10 @@
-"""The model's projections through the few-row kernel (interpret mode on CPU) give the XLA path's logits.
+"""The model's projections through the few-row kernels (compiled on a GPU, interpret mode on CPU) give the XLA
+path's logits.
 
-`few_row_kernel()` is what the engine's steps trace under; here the dispatch is made to pick the kernel in
-interpret mode wherever it would on a GPU. bf16 weights: the two paths round the same fp32 sums to bf16 in
-a different summation order (measured: max difference 0.45% of the largest logit; bound 1%).
+`few_row_kernel()` is what the engine's steps trace under; here the dispatch is made to pick the kernel
+wherever it would on a GPU (the MLP's gate/up through the fused SwiGLU kernel). bf16 weights:
+the two paths round the same fp32 sums to bf16 in a different summation order (measured: max difference
+0.45% of the largest logit; bound 1%).
 """
 
 import dataclasses
@@ -13,6 +15,7 @@ import numpy as np
 
 import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
+import pallas_kernels.gemv.kernel as gemv_kernel
 from hybrid_jax.config import preset
 from hybrid_jax.layers.linear import few_row_kernel
 
@@ -25,11 +28,13 @@ def test_decode_logits_match_xla_dots(monkeypatch):
     want, _ = model.forward(ids, positions)
     used = []
 
-    def interpret_where_supported(op, impl, reason):
+    def kernel_where_supported(op, impl, reason):  # compiled on a GPU, interpreted elsewhere
         used.append(reason is None)
-        return True if reason is None else None
+        return jax.default_backend() != "gpu" if reason is None else None
 
-    monkeypatch.setattr(gemv_dispatch, "kernel_mode", interpret_where_supported)
+    monkeypatch.setattr(gemv_dispatch, "kernel_mode", kernel_where_supported)
+    mlp = (config.hidden_size, config.intermediate_size)  # the fused gate/up + SwiGLU kernel as a GPU tuned for it
+    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, mlp, gemv_kernel.SWIGLU_DEFAULT)
     with few_row_kernel():
         got, _ = jax.jit(model.forward)(ids, positions)
     assert used and all(used)  # every projection set went through the kernel
