@@ -7,6 +7,7 @@ kernels' dispatch functions (Pallas on a GPU, the XLA reference elsewhere).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -15,13 +16,20 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
+from hybrid_jax.layers.attention import GatedAttention
 from hybrid_jax.layers.gdn import GatedDeltaNet, conv_ring_columns
+from hybrid_jax.layers.rope import rope_cos_sin
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
 from pallas_kernels.gemv import padded_rows
-from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention, write_kv
+from pallas_kernels.paged_attention import (
+    decode_attention_inputs,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv,
+)
 
 F32 = jnp.float32
 REP = P()
@@ -134,17 +142,15 @@ def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
     return a if a.shape[0] == rows else jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
 
-def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_mapping, kernels: Kernels, attend,
-                    linear_attention):
+def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_attention, linear_attention):
     """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens, positions [N].
 
     The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so the
-    projections that read it pad nothing and the GDN decode kernel takes their outputs as they come; attention
-    and the recurrences see the N real rows (the fused GDN decode returns o padded back to the rows, zeros
-    past N, for its gated norm and out-projection). ``attend(q, k_pages, v_pages, scale) -> o`` reads the KV
-    pages (new K/V already written); ``linear_attention(gdn, h, pool, dtype) -> (y [N or rows, D], new pool)``
-    runs a GDN mixer over its slot pool from the padded normed stream h. Returns the final residual stream
-    [N, D] and the new per-layer pools.
+    projections that read it pad nothing and the decode kernels take their outputs as they come (they read
+    the N real rows and hand back outputs padded to the rows, zeros past N). ``full_attention(attn, h, pool,
+    positions, dtype)`` and ``linear_attention(gdn, h, pool, dtype)`` run a mixer from the padded normed
+    stream h [rows, D] (positions padded too) over its layer's pool -> (y [N or rows, D], new pool).
+    Returns the final residual stream [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
     rows = padded_rows(n)
@@ -155,18 +161,25 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, slot_ma
         dtype = layer.mlp.down_proj.kernel.dtype
         h = layer.input_layernorm(x, dtype)  # [rows, D]
         if layer.is_attention:
-            attn = layer.self_attn
-            q, k, v, gate = (t[:n] for t in attn.project(h, padded_positions))  # [N, H, hd]
-            k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
-            k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
-            h = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
-            pool = {"k": k_pages, "v": v_pages}
+            h, pool = full_attention(layer.self_attn, h, pool, padded_positions, dtype)
         else:
             h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
         x = x + _pad_rows(h, rows)
         x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
     return x[:n], new_layers
+
+
+def _paged_attention(attn: GatedAttention, h, pool, positions, dtype, *, n: int, slot_mapping, kernels: Kernels,
+                     attend):
+    """Attention over the KV pages from the padded normed stream h [rows, D]: the layer's projections, norms
+    and RoPE, the N new tokens' K/V written, then ``attend(q, k_pages, v_pages, scale) -> o [N, Hq, hd]``.
+    Returns (y [N, D], new pool)."""
+    q, k, v, gate = (t[:n] for t in attn.project(h, positions))  # [N, H, hd]
+    k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
+    k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
+    y = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
+    return y, {"k": k_pages, "v": v_pages}
 
 
 def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
@@ -178,6 +191,9 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
     def attend(q, k_pages, v_pages, scale):
         return kernels.prefill_attention(q, k_pages, v_pages, batch.page_tables, batch.cu_seqlens,
                                          batch.context_lens, scale=scale)
+
+    full_attention = functools.partial(_paged_attention, n=batch.tokens.shape[0], slot_mapping=slot_mapping,
+                                       kernels=kernels, attend=attend)
 
     new_tokens = batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]  # [S]
     seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
@@ -199,8 +215,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
-    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
-                                    linear_attention)
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention)
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
@@ -225,6 +240,21 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     def attend(q, k_pages, v_pages, scale):
         return kernels.decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=scale)
 
+    def full_attention(attn: GatedAttention, h, pool, positions, dtype):
+        if kernels.mesh is not None:  # KV heads may be replicated across shards (`kv_heads`): unfused
+            return _paged_attention(attn, h, pool, positions, dtype, n=batch.tokens.shape[0],
+                                    slot_mapping=slot_mapping, kernels=kernels, attend=attend)
+        # Two launches around the output projection: the norms, RoPE and K/V write; the attention, its split
+        # combine and the gate, padded to the projection's rows.
+        qg, k, v = attn.projections(h)  # [rows, Hq * 2 hd], [rows, Hkv * hd] x 2
+        cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, h.dtype)  # [rows, r]
+        q, k_pages, v_pages = decode_attention_inputs(
+            qg, k, v, cos, sin, attn.q_norm.weight[...], attn.k_norm.weight[...], slot_mapping, pool["k"],
+            pool["v"], num_q_heads=attn.num_heads, eps=attn.q_norm.eps)  # q [B, Hq, hd]
+        o = paged_decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=attn.scale,
+                                   gate=qg, out_rows=qg.shape[0])  # [rows, Hq * hd], zeros past B
+        return attn.o_proj(o), {"k": k_pages, "v": v_pages}
+
     def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         n = batch.tokens.shape[0]
         mixed, z, b, a = gdn.in_projections(h)  # padded: [rows, C], [rows, Hv, dv], [rows, Hv], [rows, Hv]
@@ -246,8 +276,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
-    x, new_layers = _decoder_layers(model, pools, x, batch.positions, slot_mapping, kernels, attend,
-                                    linear_attention)
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention)
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],

@@ -13,6 +13,14 @@ from hybrid_jax.layers.rope import apply_rope, rope_cos_sin
 from hybrid_jax.ops.attention import dense_causal_attention
 
 
+def attention_gate(o: jax.Array, gate: jax.Array) -> jax.Array:
+    """o * sigmoid(gate) in gate's dtype, rounded as HF's bf16 attention: o and the sigmoid to that dtype, then
+    the product. The roundings are `reduce_precision`s, which XLA keeps (it may drop a convert pair)."""
+    bits = jnp.finfo(gate.dtype)
+    keep = lambda v: jax.lax.reduce_precision(v, exponent_bits=bits.nexp, mantissa_bits=bits.nmant)
+    return (keep(o.astype(jnp.float32)) * keep(jax.nn.sigmoid(gate.astype(jnp.float32)))).astype(gate.dtype)
+
+
 class GatedAttention(nnx.Module):
     def __init__(self, config: Qwen35Config, dtype, *, rngs: nnx.Rngs):
         c = config
@@ -27,10 +35,14 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
+    def projections(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [..., D] -> qg [..., Hq * 2 hd] (per head: query, then gate), k, v [..., Hkv * hd]: one launch."""
+        return project(x, (self.q_proj, self.k_proj, self.v_proj))
+
     def project(self, x: jax.Array, positions: jax.Array):
         """x [..., T, D], positions [..., T] -> q [..., T, Hq, hd], k, v [..., T, Hkv, hd], gate [..., T, Hq, hd]."""
         lead = x.shape[:-1]
-        qg, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        qg, k, v = self.projections(x)
         qg = qg.reshape(*lead, self.num_heads, 2 * self.head_dim)
         q, gate = qg[..., : self.head_dim], qg[..., self.head_dim:]
         k = k.reshape(*lead, self.num_kv_heads, self.head_dim)
@@ -42,7 +54,7 @@ class GatedAttention(nnx.Module):
 
     def output(self, o: jax.Array, gate: jax.Array) -> jax.Array:
         """o, gate [..., T, Hq, hd] -> [..., T, D]."""
-        o = o * jax.nn.sigmoid(gate)
+        o = attention_gate(o, gate)
         return self.o_proj(o.reshape(*o.shape[:-2], self.num_heads * self.head_dim))
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None = None):

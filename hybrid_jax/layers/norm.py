@@ -15,6 +15,11 @@ def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
     return xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
 
 
+def zero_centred_rms_norm(x: jax.Array, weight: jax.Array, eps: float, out_dtype=None) -> jax.Array:
+    """``normalize(x) * (1 + weight)`` in fp32 over the last axis, cast to ``out_dtype`` (default: x.dtype)."""
+    return (rms_normalize(x, eps) * (1.0 + weight.astype(F32))).astype(out_dtype or x.dtype)
+
+
 class RMSNorm(nnx.Module):
     """Zero-centred RMSNorm: ``normalize(x) * (1 + w)`` in fp32, then cast back (w = 0 is identity)."""
 
@@ -24,8 +29,7 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
         """x [..., dim] -> same shape, in ``out_dtype`` (default: x.dtype)."""
-        y = rms_normalize(x, self.eps) * (1.0 + self.weight[...].astype(F32))
-        return y.astype(out_dtype or x.dtype)
+        return zero_centred_rms_norm(x, self.weight[...], self.eps, out_dtype)
 
 
 class GatedRMSNorm(nnx.Module):

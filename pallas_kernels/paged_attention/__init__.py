@@ -6,6 +6,8 @@ Pallas interpret mode (CPU tests), "reference" the reference. Tuning keywords go
 Query head h reads KV head h // (Hq / Hkv).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -41,16 +43,50 @@ def paged_decode_attention(
     context_lens: jax.Array,  # [B] int32, 0 for padded rows (their output is 0)
     *,
     scale: float,
+    gate: jax.Array | None = None,
+    out_rows: int | None = None,
     impl: Impl = "auto",
     **tuning,
-) -> jax.Array:  # [B, Hq, hd]
-    """One query token per sequence over the first context_lens[b] tokens of its pages."""
+) -> jax.Array:  # [B, Hq, hd]; with gate, [out_rows, Hq * hd]
+    """One query token per sequence over the first context_lens[b] tokens of its pages. ``gate``: qg
+    [>= B, Hq * 2 hd] (per head query, then gate); the output is then gated by it, flattened and padded with
+    zero rows to ``out_rows`` (default B) for the output projection (`reference.decode_attention_output`)."""
     interpret = kernel_mode("paged attention", impl, _unsupported(q, k_pages, v_pages))
     if interpret is None:
-        return reference.paged_decode_attention(q, k_pages, v_pages, page_tables, context_lens, scale=scale)
+        return reference.paged_decode_attention(q, k_pages, v_pages, page_tables, context_lens, scale=scale,
+                                                gate=gate, out_rows=out_rows)
     return kernel.paged_decode_attention(
-        q, k_pages, v_pages, page_tables, context_lens, scale=scale, interpret=interpret, **tuning
+        q, k_pages, v_pages, page_tables, context_lens, scale=scale, gate=gate, out_rows=out_rows,
+        interpret=interpret, **tuning
     )
+
+
+def decode_attention_inputs(
+    qg: jax.Array,  # [>= B, Hq * 2 hd] per head: query, then gate
+    k: jax.Array,  # [>= B, Hkv * hd]
+    v: jax.Array,  # [>= B, Hkv * hd]
+    cos: jax.Array,  # [>= B, r] in qg's dtype
+    sin: jax.Array,  # [>= B, r]
+    q_norm: jax.Array,  # [hd]
+    k_norm: jax.Array,  # [hd]
+    slot_mapping: jax.Array,  # [B] int32
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    *,
+    num_q_heads: int,
+    eps: float,
+    impl: Impl = "auto",
+    **tuning,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, Hq, hd] in the pages' dtype, k_pages, v_pages
+    """A decode step's q (normalised, rotated) from the raw projections, and its new K/V written to the pages
+    (in place when the caller donates them). Rows past B are not read."""
+    reason = _unsupported(None, k_pages, v_pages)
+    if reason is None and not (is_pow2(cos.shape[-1], 2) and cos.shape[-1] <= k_pages.shape[-1]):
+        reason = f"rotary dim {cos.shape[-1]}: need a power of two <= head_dim"
+    interpret = kernel_mode("paged attention", impl, reason)
+    fn = reference.decode_attention_inputs if interpret is None else functools.partial(
+        kernel.decode_attention_inputs, interpret=interpret, **tuning)
+    return fn(qg, k, v, cos, sin, q_norm, k_norm, slot_mapping, k_pages, v_pages, num_q_heads=num_q_heads, eps=eps)
 
 
 def paged_prefill_attention(
@@ -91,4 +127,4 @@ def write_kv(
     return kernel.write_kv(k_pages, v_pages, k_new, v_new, slot_mapping, interpret=interpret, **tuning)
 
 
-__all__ = ["Impl", "paged_decode_attention", "paged_prefill_attention", "write_kv"]
+__all__ = ["Impl", "decode_attention_inputs", "paged_decode_attention", "paged_prefill_attention", "write_kv"]

@@ -42,6 +42,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.paged_attention.reference import decode_attention_output
+
+F32 = jnp.float32
+
 _MIN_DOT_DIM = 16  # tl.dot needs M, N, K >= 16
 _TARGET_PROGRAMS = 264  # ~2 per SM of the H200 (132): decode splits the KV, prefill shrinks tiles to reach it
 
@@ -195,7 +199,8 @@ def _decode_kernel(
         lse_ref[...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_kv", "num_splits", "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "out_rows", "block_kv", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
 def paged_decode_attention(
     q: jax.Array,  # [B, Hq, hd]
     k_pages: jax.Array,  # [P, page_size, Hkv, hd]
@@ -204,17 +209,21 @@ def paged_decode_attention(
     context_lens: jax.Array,  # [B] int32
     *,
     scale: float,
+    gate: jax.Array | None = None,  # [>= B, Hq * 2 hd]: qg, per head query then gate
+    out_rows: int | None = None,
     block_kv: int = 64,
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
-) -> jax.Array:  # [B, Hq, hd]
+) -> jax.Array:  # [B, Hq, hd]; with gate, [out_rows, Hq * hd]
     """Decode attention (one query token per sequence), split-KV ("flash decoding") when B * Hkv is small.
 
     block_kv: keys per block (power of two >= 16, independent of the page size).
     num_splits: KV shares per (sequence, KV head), combined by a log-sum-exp weighted sum; None picks
     enough to fill the GPU for this batch and cache capacity.
+    gate: the output is `reference.decode_attention_output`'s (gated, flattened, zero rows to out_rows),
+    with the split combine and the gate in one launch (`_combine_gate_kernel`).
     """
     _check_block("block_kv", block_kv)
     batch, num_q_heads, head_dim = q.shape
@@ -257,13 +266,136 @@ def paged_decode_attention(
         name="paged_decode_attention",
     )(context_lens.astype(jnp.int32), page_tables.astype(jnp.int32), q, k_pages.reshape(flat), v_pages.reshape(flat))
     if num_splits == 1:
-        return out
+        return out if gate is None else decode_attention_output(out, gate, out_rows or batch)
     o_part, lse = out  # [B, Hkv, splits, R, hd], [B, Hkv, splits, R]
+    if gate is not None:
+        out_rows = out_rows or batch
+        return pl.pallas_call(
+            functools.partial(_combine_gate_kernel, group=group, batch=batch),
+            out_shape=jax.ShapeDtypeStruct((out_rows, num_q_heads * head_dim), gate.dtype),
+            grid=(out_rows, num_q_heads),
+            in_specs=[pl.no_block_spec] * 3,
+            out_specs=pl.no_block_spec,
+            interpret=interpret,
+            compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+            name="decode_attention_combine_gate",
+        )(lse, o_part, gate)
     m = jnp.max(lse, axis=2, keepdims=True)  # [B, Hkv, 1, R]
     w = jnp.exp(lse - jnp.where(jnp.isfinite(m), m, 0.0))  # [B, Hkv, splits, R]; empty splits weigh 0
     denom = jnp.sum(w, axis=2)  # [B, Hkv, R]
     o = jnp.einsum("bhsr,bhsrd->bhrd", w, o_part) / jnp.where(denom > 0, denom, 1.0)[..., None]
     return o[:, :, :group].reshape(q.shape).astype(q.dtype)
+
+
+def _combine_gate_kernel(lse_ref, o_part_ref, gate_ref, out_ref, *, group: int, batch: int):
+    """Program (row b, q head j): the log-sum-exp combine of head j's splits, times sigmoid of its gate,
+    rounded as `reference.decode_attention_output`; rows past the batch are zeros."""
+    b, j = pl.program_id(0), pl.program_id(1)
+    head_dim = o_part_ref.shape[-1]
+    cols = jnp.arange(head_dim, dtype=jnp.int32)  # [hd]
+    out_cols = j * head_dim + cols
+
+    @pl.when(b < batch)
+    def _():
+        h, r = j // group, lax.rem(j, group)
+        splits = jnp.arange(o_part_ref.shape[2], dtype=jnp.int32)  # [S]
+        lse = lse_ref[b, h, splits, r]  # [S]
+        o_part = o_part_ref[b, h, splits[:, None], r, cols[None, :]]  # [S, hd]
+        m = jnp.max(lse)
+        w = jnp.exp(lse - jnp.where(m > -jnp.inf, m, 0.0))  # [S]; empty splits weigh 0
+        denom = jnp.sum(w)
+        o = jnp.sum(w[:, None] * o_part, axis=0) / jnp.where(denom > 0, denom, 1.0)  # [hd]
+        dtype = out_ref.dtype  # `attention_gate`'s roundings as casts, which Triton keeps
+        g = gate_ref[b, j * 2 * head_dim + head_dim + cols].astype(F32)
+        y = o.astype(dtype).astype(F32) * jax.nn.sigmoid(g).astype(dtype).astype(F32)
+        out_ref[b, out_cols] = y.astype(dtype)
+
+    @pl.when(b >= batch)
+    def _():
+        out_ref[b, out_cols] = jnp.zeros((head_dim,), out_ref.dtype)
+
+
+def _inputs_kernel(slot_ref, qg_ref, k_ref, v_ref, cos_ref, sin_ref, q_norm_ref, k_norm_ref, k_in_ref, v_in_ref,
+                   q_ref, k_pages_ref, v_pages_ref, *, num_q_heads: int, eps: float):
+    """Program (row b, head j): j < Hq normalises and rotates query head j into q; the others normalise and
+    rotate KV head j - Hq's key and write it and the value to row b's slot (pools aliased in and out).
+
+    Rounded as `reference.decode_attention_inputs`: the norm to qg's dtype, then each RoPE product and the
+    sum. The rotation pairs dims (i, i + r/2): each lane loads its own element and its partner's."""
+    del k_in_ref, v_in_ref  # the same buffers as k_pages_ref / v_pages_ref
+    b, j = pl.program_id(0), pl.program_id(1)
+    head_dim = q_ref.shape[-1]
+    rotary = cos_ref.shape[1]
+    half = rotary // 2
+    dtype = qg_ref.dtype
+    cols = jnp.arange(head_dim, dtype=jnp.int32)  # [hd]
+    partner = jnp.where(cols < half, cols + half, jnp.where(cols < rotary, cols - half, cols))
+    sign = jnp.where(cols < half, -1.0, 1.0)
+    rope_cols = jnp.minimum(cols, rotary - 1)
+    cos = cos_ref[b, rope_cols].astype(F32)  # [hd]; past r unused
+    sin = sin_ref[b, rope_cols].astype(F32)
+
+    def rounded(x):
+        return x.astype(dtype).astype(F32)
+
+    def norm_rope(src_ref, start, w_ref):  # -> [hd] in dtype: the head at src_ref[b, start:start + hd]
+        x = src_ref[b, start + cols].astype(F32)
+        x_partner = src_ref[b, start + partner].astype(F32)
+        inv = lax.rsqrt(jnp.mean(x * x) + eps)
+        n = rounded(x * inv * (1.0 + w_ref[cols].astype(F32)))
+        n_partner = rounded(x_partner * inv * (1.0 + w_ref[partner].astype(F32)))
+        roped = rounded(n * cos) + rounded(sign * n_partner * sin)
+        return jnp.where(cols < rotary, roped, n).astype(dtype)
+
+    @pl.when(j < num_q_heads)
+    def _():
+        q_ref[b, j, cols] = norm_rope(qg_ref, j * 2 * head_dim, q_norm_ref).astype(q_ref.dtype)
+
+    @pl.when(j >= num_q_heads)
+    def _():
+        h = j - num_q_heads
+        slot = slot_ref[b]
+        k_pages_ref[slot, h, cols] = norm_rope(k_ref, h * head_dim, k_norm_ref).astype(k_pages_ref.dtype)
+        v_pages_ref[slot, h, cols] = v_ref[b, h * head_dim + cols].astype(v_pages_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("num_q_heads", "eps", "num_warps", "interpret"))
+def decode_attention_inputs(
+    qg: jax.Array,  # [>= B, Hq * 2 hd]
+    k: jax.Array,  # [>= B, Hkv * hd]
+    v: jax.Array,  # [>= B, Hkv * hd]
+    cos: jax.Array,  # [>= B, r]
+    sin: jax.Array,  # [>= B, r]
+    q_norm: jax.Array,  # [hd]
+    k_norm: jax.Array,  # [hd]
+    slot_mapping: jax.Array,  # [B] int32
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    *,
+    num_q_heads: int,
+    eps: float,
+    num_warps: int = 2,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, Hq, hd] in the pages' dtype, k_pages, v_pages
+    """`reference.decode_attention_inputs` in one launch (q/k norms, RoPE, the K/V write); in place on the
+    pools when the caller donates them. Grid (B, Hq + Hkv)."""
+    batch = slot_mapping.shape[0]
+    num_pages, page_size, num_kv_heads, head_dim = k_pages.shape
+    flat = (num_pages * page_size, num_kv_heads, head_dim)
+    pool = jax.ShapeDtypeStruct(flat, k_pages.dtype)
+    q, k_out, v_out = pl.pallas_call(
+        functools.partial(_inputs_kernel, num_q_heads=num_q_heads, eps=eps),
+        out_shape=(jax.ShapeDtypeStruct((batch, num_q_heads, head_dim), k_pages.dtype), pool, pool),
+        grid=(batch, num_q_heads + num_kv_heads),
+        in_specs=[pl.no_block_spec] * 10,
+        out_specs=(pl.no_block_spec,) * 3,
+        input_output_aliases={8: 1, 9: 2},
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        name="decode_attention_inputs",
+    )(slot_mapping.astype(jnp.int32), qg, k, v, cos, sin, q_norm, k_norm, k_pages.reshape(flat),
+      v_pages.reshape(flat))
+    return q, k_out.reshape(k_pages.shape), v_out.reshape(v_pages.shape)
 
 
 def _prefill_kernel(

@@ -9,6 +9,10 @@ that must never reach a real row. Softmax runs in fp32; rows that see no key out
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.layers.attention import attention_gate
+from hybrid_jax.layers.norm import zero_centred_rms_norm
+from hybrid_jax.layers.rope import apply_rope
+
 
 def write_kv(
     k_pages: jax.Array,  # [P, page_size, Hkv, hd]
@@ -23,6 +27,43 @@ def write_kv(
     k_pages = k_pages.reshape(flat).at[slot_mapping].set(k_new.astype(k_pages.dtype)).reshape(k_pages.shape)
     v_pages = v_pages.reshape(flat).at[slot_mapping].set(v_new.astype(v_pages.dtype)).reshape(v_pages.shape)
     return k_pages, v_pages
+
+
+def decode_attention_inputs(
+    qg: jax.Array,  # [>= B, Hq * 2 hd] per head: query, then gate
+    k: jax.Array,  # [>= B, Hkv * hd]
+    v: jax.Array,  # [>= B, Hkv * hd]
+    cos: jax.Array,  # [>= B, r] in qg's dtype (`rope_cos_sin`)
+    sin: jax.Array,  # [>= B, r]
+    q_norm: jax.Array,  # [hd]
+    k_norm: jax.Array,  # [hd]
+    slot_mapping: jax.Array,  # [B] int32
+    k_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    v_pages: jax.Array,  # [P, page_size, Hkv, hd]
+    *,
+    num_q_heads: int,
+    eps: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, Hq, hd] in the pages' dtype, k_pages, v_pages
+    """A decode step's attention inputs from the raw projections: the q/k norms and RoPE as the model's
+    layer applies them, q for the attention and the new K/V written to their slots. Rows past B are not read."""
+    batch = slot_mapping.shape[0]
+    head_dim = k_pages.shape[-1]
+    q = qg[:batch].reshape(batch, num_q_heads, 2 * head_dim)[..., :head_dim]  # [B, Hq, hd]
+    k = k[:batch].reshape(batch, -1, head_dim)  # [B, Hkv, hd]
+    v = v[:batch].reshape(batch, -1, head_dim)
+    q = apply_rope(zero_centred_rms_norm(q, q_norm, eps), cos[:batch], sin[:batch])
+    k = apply_rope(zero_centred_rms_norm(k, k_norm, eps), cos[:batch], sin[:batch])
+    k_pages, v_pages = write_kv(k_pages, v_pages, k, v, slot_mapping)
+    return q.astype(k_pages.dtype), k_pages, v_pages
+
+
+def decode_attention_output(o: jax.Array, qg: jax.Array, out_rows: int) -> jax.Array:
+    """o [B, Hq, hd] gated by the gate half of qg [>= B, Hq * 2 hd] (`attention_gate`), flattened and padded
+    with zero rows: [out_rows, Hq * hd] in qg's dtype, as the output projection takes it."""
+    batch, num_q_heads, head_dim = o.shape
+    gate = qg[:batch].reshape(batch, num_q_heads, 2 * head_dim)[..., head_dim:]
+    y = attention_gate(o, gate).reshape(batch, num_q_heads * head_dim)
+    return jnp.pad(y, ((0, out_rows - batch), (0, 0)))
 
 
 def _gather_sequences(
@@ -62,8 +103,11 @@ def paged_decode_attention(
     context_lens: jax.Array,  # [B] int32, keys to attend (the new token's included); 0 for padded rows
     *,
     scale: float,
-) -> jax.Array:  # [B, Hq, hd]
-    """One query token per sequence attends to the first `context_lens[b]` tokens of its pages."""
+    gate: jax.Array | None = None,
+    out_rows: int | None = None,
+) -> jax.Array:  # [B, Hq, hd]; with gate, [out_rows, Hq * hd] (`decode_attention_output`)
+    """One query token per sequence attends to the first `context_lens[b]` tokens of its pages. ``gate``: qg
+    [>= B, Hq * 2 hd], whose gate half multiplies the output (`decode_attention_output`)."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pages.shape[2]
     k = _gather_sequences(k_pages, page_tables)  # [B, L, Hkv, hd]
@@ -71,7 +115,8 @@ def paged_decode_attention(
     visible = jnp.arange(k.shape[1])[None, :] < context_lens[:, None]  # [B, L]
     q = q.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim)  # [B, Hkv, G, hd]
     o = _masked_attention(q, k, v, visible, visible, scale)  # [B, Hkv, G, hd]
-    return o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+    o = o.reshape(batch, num_q_heads, head_dim).astype(q.dtype)
+    return o if gate is None else decode_attention_output(o, gate, out_rows or batch)
 
 
 def paged_prefill_attention(

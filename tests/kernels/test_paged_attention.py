@@ -1,5 +1,6 @@
 """Paged attention: the Pallas kernels (interpret mode on CPU, compiled when a GPU is present) against the
-pure-JAX reference, and the reference against naive dense attention (numpy float64) over unpaged K/V.
+pure-JAX reference, and the reference against naive dense attention (numpy float64) over unpaged K/V; the
+decode step's fused attention inputs (q/k norms, RoPE, K/V write) and gated output against theirs.
 
 Every input is random, the whole pool included: page 0 (the null page) and unused pages hold garbage, so
 a read of a wrong slot shows. Tolerances (rtol = atol, inputs ~ N(0, 1)): fp32 1e-5 (kernel vs reference) /
@@ -10,7 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from hybrid_jax.config import preset
+from hybrid_jax.layers.attention import GatedAttention
+from hybrid_jax.layers.rope import rope_cos_sin
 from pallas_kernels import paged_attention as pa
 from pallas_kernels.paged_attention import reference
 
@@ -209,6 +214,84 @@ def test_decode_kernel(impl, group, num_kv_heads, head_dim, page_size, dtype, tu
     np.testing.assert_array_equal(
         np.asarray(pa.paged_decode_attention(*nan_args, scale=scale, impl=impl, **tuning)), np.asarray(got)
     )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("group", "num_kv_heads", "head_dim", "page_size", "dtype", "tuning"), [
+    (2, 2, 256, 16, jnp.float32, dict(block_kv=16, num_splits=3)),  # the split combine + gate launch
+    (4, 2, 256, 8, jnp.bfloat16, dict(block_kv=32, num_splits=2)),
+    (6, 2, 16, 16, jnp.bfloat16, dict(block_kv=16, num_splits=4)),  # 27B's group
+    (4, 1, 16, 32, jnp.bfloat16, dict(block_kv=16, num_splits=1)),  # one split: XLA gates
+], ids=lambda x: getattr(x, "__name__", None))
+def test_decode_kernel_gated_output(impl, group, num_kv_heads, head_dim, page_size, dtype, tuning):
+    """With the gate (qg, per head query then gate), the output is o * sigmoid(gate) flattened, with zero rows
+    past the batch up to out_rows, as the output projection takes it."""
+    rng = np.random.default_rng(7)
+    lens = [1, page_size + 1, 3 * page_size + 5, 0, 5 * page_size]  # 0: a padded row
+    case, q = _decode_inputs(rng, lens, page_size, group, num_kv_heads, head_dim, dtype)
+    num_q_heads = group * num_kv_heads
+    qg = jnp.asarray(rng.standard_normal((8, num_q_heads * 2 * head_dim)), dtype)  # rows past B: never read
+    args = (q, *case.args(), jnp.asarray(case.context_lens))
+    scale = head_dim**-0.5
+    want = pa.paged_decode_attention(*args, scale=scale, gate=qg, out_rows=8, impl="reference")
+    got = pa.paged_decode_attention(*args, scale=scale, gate=qg, out_rows=8, impl=impl, **tuning)
+    assert got.shape == want.shape == (8, num_q_heads * head_dim) and got.dtype == dtype
+    _assert_close(got, want, TOL[dtype])
+    np.testing.assert_array_equal(np.asarray(got[3].astype(jnp.float32)), 0.0)  # the padded row
+    np.testing.assert_array_equal(np.asarray(got[5:].astype(jnp.float32)), 0.0)  # rows past the batch
+    plain = pa.paged_decode_attention(*args, scale=scale, impl="reference")  # [B, Hq, hd]
+    gate = qg[:5].reshape(5, num_q_heads, 2 * head_dim)[..., head_dim:]
+    gated = (_f64(plain) / (1 + np.exp(-_f64(gate)))).reshape(5, -1)
+    np.testing.assert_allclose(_f64(want[:5]), gated, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def _inputs_case(rng, dtype, num_q_heads=4, num_kv_heads=2, head_dim=32, rotary=8, rows=6):
+    """Raw projections of `rows` rows (the first 3 are the batch), cos/sin, norms and random pools."""
+    case = PagedCase(rng, [5, 9, 2], 4, num_kv_heads, head_dim, dtype)
+    normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+    positions = jnp.asarray([4, 8, 1, 0, 0, 0])
+    cos, sin = rope_cos_sin(positions, rotary, 10_000.0, dtype)  # [rows, r]
+    slots = np.asarray([case.page_tables[s, (n - 1) // 4] * 4 + (n - 1) % 4 for s, n in enumerate([5, 9, 2])])
+    args = (normal(rows, num_q_heads * 2 * head_dim), normal(rows, num_kv_heads * head_dim),
+            normal(rows, num_kv_heads * head_dim), cos, sin, normal(head_dim) * 0.1, normal(head_dim) * 0.1,
+            jnp.asarray(slots, jnp.int32), case.k_pages, case.v_pages)
+    return case, args
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_attention_inputs_kernel(impl, dtype):
+    """q/k norms, RoPE and the K/V write of one launch against the reference; other slots untouched."""
+    case, args = _inputs_case(np.random.default_rng(8), dtype)
+    kw = dict(num_q_heads=4, eps=1e-6)
+    q_want, k_want, v_want = pa.decode_attention_inputs(*args, **kw, impl="reference")
+    q_got, k_got, v_got = pa.decode_attention_inputs(*args, **kw, impl=impl)
+    assert q_got.shape == (3, 4, 32) and q_got.dtype == dtype
+    tol = 1e-5 if dtype == jnp.float32 else 2**-7  # bf16: a product or sum one rounding apart
+    _assert_close(q_got, q_want, tol)
+    for got, want, before in ((k_got, k_want, case.k_pages), (v_got, v_want, case.v_pages)):
+        _assert_close(got, want, tol)
+        changed = np.any(np.asarray(got != before), axis=(2, 3))  # [P, page_size]
+        assert changed.sum() <= 3 and not changed[0].any()  # only the three slots (page 0 is the null page)
+
+
+def test_decode_attention_inputs_reference_matches_layer():
+    """The reference applies the model layer's q/k norms and RoPE to the layer's own projections."""
+    config = preset("tiny")
+    attn = GatedAttention(config, jnp.float32, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (3, config.hidden_size))
+    positions = jnp.asarray([4, 8, 1])
+    q_want, k_want, v_want, _ = attn.project(x, positions)  # [3, H, hd]
+    qg, k, v = attn.projections(x)
+    cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, x.dtype)
+    pages = jnp.zeros((4, 4, config.num_key_value_heads, config.head_dim))
+    slots = jnp.asarray([5, 6, 13], jnp.int32)
+    q, k_pages, v_pages = reference.decode_attention_inputs(
+        qg, k, v, cos, sin, attn.q_norm.weight[...], attn.k_norm.weight[...], slots, pages, pages,
+        num_q_heads=config.num_attention_heads, eps=config.rms_norm_eps)
+    np.testing.assert_array_equal(np.asarray(q), np.asarray(q_want))
+    np.testing.assert_array_equal(np.asarray(k_pages.reshape(16, *k_want.shape[1:])[slots]), np.asarray(k_want))
+    np.testing.assert_array_equal(np.asarray(v_pages.reshape(16, *v_want.shape[1:])[slots]), np.asarray(v_want))
 
 
 PREFILL_CASES = [  # q_lens, prefix_lens, group, Hkv, head_dim, page_size, dtype, tuning
