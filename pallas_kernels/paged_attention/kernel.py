@@ -298,9 +298,12 @@ def _combine_gate_kernel(lse_ref, o_part_ref, gate_ref, out_ref, *, group: int, 
     @pl.when(b < batch)
     def _():
         h, r = j // group, lax.rem(j, group)
-        splits = jnp.arange(o_part_ref.shape[2], dtype=jnp.int32)  # [S]
-        lse = lse_ref[b, h, splits, r]  # [S]
-        o_part = o_part_ref[b, h, splits[:, None], r, cols[None, :]]  # [S, hd]
+        num_splits = o_part_ref.shape[2]
+        lanes = jnp.arange(_next_pow2(num_splits), dtype=jnp.int32)  # [S'] (Triton's shapes are powers of two)
+        real = lanes < num_splits
+        splits = jnp.minimum(lanes, num_splits - 1)  # lanes past the splits re-read the last one, then drop it
+        lse = jnp.where(real, lse_ref[b, h, splits, r], -jnp.inf)  # [S']
+        o_part = jnp.where(real[:, None], o_part_ref[b, h, splits[:, None], r, cols[None, :]], 0.0)  # [S', hd]
         m = jnp.max(lse)
         w = jnp.exp(lse - jnp.where(m > -jnp.inf, m, 0.0))  # [S]; empty splits weigh 0
         denom = jnp.sum(w)
