@@ -79,16 +79,22 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--memory-utilization", type=float, default=0.85,
                         help="share of free device memory for state slots + KV pages")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the engine's (default: prompt + output + 16); the server's default is 4096")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="the engine's, with every decode bucket up to it (default: the largest concurrency, "
+                             "one decode program per level measured)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ready_start = time.monotonic()
     model = hybrid_jax.random_model(args.size, "bfloat16")
-    max_batch = max(args.concurrency)
-    config = EngineConfig(max_batch=max_batch, max_model_len=args.prompt_len + args.output_len + 16, page_size=16,
+    max_batch = args.max_batch or max(args.concurrency)
+    buckets = {} if args.max_batch else {"decode_sizes": tuple(args.concurrency)}
+    max_len = args.max_model_len or args.prompt_len + args.output_len + 16
+    config = EngineConfig(max_batch=max_batch, max_model_len=max_len, page_size=16,
                           prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
                           memory_utilization=args.memory_utilization, decode_steps=args.decode_steps,
-                          decode_sizes=tuple(args.concurrency),  # one decode program per level measured
-                          tensor_parallel_size=args.tensor_parallel_size)
+                          tensor_parallel_size=args.tensor_parallel_size, **buckets)
     engine = Engine(model, config, valid_vocab=248_077).start()
     ready = time.monotonic() - ready_start
     compiles = CompileCounter()
