@@ -85,7 +85,8 @@ def swiglu_row(name: str, batch: int, x, sets, sweep: bool) -> dict:
             except Exception as e:  # noqa: BLE001 - a tuning the compiler rejects is skipped, with the reason shown
                 print(f"  {tuning}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
         row["sweep"] = [{"us": us, **t} for us, t in timed]
-        row["best_us"], row["best"] = min(timed, key=lambda r: r[0])
+        if timed:
+            row["best_us"], row["best"] = min(timed, key=lambda r: r[0])
     return row
 
 

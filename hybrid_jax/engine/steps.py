@@ -244,13 +244,13 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         if kernels.mesh is not None:  # KV heads may be replicated across shards (`kv_heads`): unfused
             return _paged_attention(attn, h, pool, positions, dtype, n=batch.tokens.shape[0],
                                     slot_mapping=slot_mapping, kernels=kernels, attend=attend)
-        # Two launches around the output projection: the norms, RoPE and K/V write; the attention, its split
-        # combine and the gate, padded to the projection's rows.
+        # After the projections: one launch for the q/k norms, RoPE and the K/V write, then the attention and
+        # one more for its split combine and the gate, written as the output projection's padded rows.
         qg, k, v = attn.projections(h)  # [rows, Hq * 2 hd], [rows, Hkv * hd] x 2
         cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, h.dtype)  # [rows, r]
         q, k_pages, v_pages = decode_attention_inputs(
             qg, k, v, cos, sin, attn.q_norm.weight[...], attn.k_norm.weight[...], slot_mapping, pool["k"],
-            pool["v"], num_q_heads=attn.num_heads, eps=attn.q_norm.eps)  # q [B, Hq, hd]
+            pool["v"], num_q_heads=attn.num_heads, eps=attn.q_norm.eps)  # q [B, Hq, hd]; both norms' eps: the config's
         o = paged_decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=attn.scale,
                                    gate=qg, out_rows=qg.shape[0])  # [rows, Hq * hd], zeros past B
         return attn.o_proj(o), {"k": k_pages, "v": v_pages}

@@ -35,6 +35,33 @@ def _unsupported(q: jax.Array | None, k_pages: jax.Array, v_pages: jax.Array) ->
     return None
 
 
+def _gate_unsupported(gate: jax.Array, q: jax.Array, out_rows: int | None) -> str | None:
+    """Why the fused combine + gate can't take ``gate`` (qg) for q [B, Hq, hd] (None: it can)."""
+    batch, num_q_heads, head_dim = q.shape
+    if gate.ndim != 2 or gate.shape[0] < batch or gate.shape[1] != num_q_heads * 2 * head_dim:
+        return f"gate {gate.shape}: need [>= {batch}, {num_q_heads * 2 * head_dim}] (per head: query, then gate)"
+    if gate.dtype != q.dtype:  # the reference rounds o to q's dtype, then to the gate's; the kernel once
+        return f"gate dtype {gate.dtype} != q dtype {q.dtype}"
+    if out_rows is not None and out_rows < batch:
+        return f"out_rows {out_rows} < batch {batch}"
+    return None
+
+
+def _inputs_unsupported(qg, k, v, cos, slot_mapping, k_pages, num_q_heads: int) -> str | None:
+    """Why `decode_attention_inputs`' kernel can't take these projections (None: it can)."""
+    batch = slot_mapping.shape[0]
+    num_kv_heads, head_dim = k_pages.shape[2:]
+    widths = {"qg": (qg, num_q_heads * 2 * head_dim), "k": (k, num_kv_heads * head_dim),
+              "v": (v, num_kv_heads * head_dim)}
+    for name, (a, width) in widths.items():
+        if a.ndim != 2 or a.shape[0] < batch or a.shape[1] != width:
+            return f"{name} {a.shape}: need [>= {batch}, {width}]"
+    rotary = cos.shape[-1]
+    if cos.shape[0] < batch or rotary % 2 or rotary > head_dim:
+        return f"cos/sin {cos.shape}: need [>= {batch}, r] with r even and <= head_dim {head_dim}"
+    return None
+
+
 def paged_decode_attention(
     q: jax.Array,  # [B, Hq, hd]
     k_pages: jax.Array,  # [P, page_size, Hkv, hd]
@@ -51,7 +78,10 @@ def paged_decode_attention(
     """One query token per sequence over the first context_lens[b] tokens of its pages. ``gate``: qg
     [>= B, Hq * 2 hd] (per head query, then gate); the output is then gated by it, flattened and padded with
     zero rows to ``out_rows`` (default B) for the output projection (`reference.decode_attention_output`)."""
-    interpret = kernel_mode("paged attention", impl, _unsupported(q, k_pages, v_pages))
+    reason = _unsupported(q, k_pages, v_pages)
+    if reason is None and gate is not None:
+        reason = _gate_unsupported(gate, q, out_rows)
+    interpret = kernel_mode("paged attention", impl, reason)
     if interpret is None:
         return reference.paged_decode_attention(q, k_pages, v_pages, page_tables, context_lens, scale=scale,
                                                 gate=gate, out_rows=out_rows)
@@ -80,10 +110,9 @@ def decode_attention_inputs(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # q [B, Hq, hd] in the pages' dtype, k_pages, v_pages
     """A decode step's q (normalised, rotated) from the raw projections, and its new K/V written to the pages
     (in place when the caller donates them). Rows past B are not read."""
-    reason = _unsupported(None, k_pages, v_pages)
-    if reason is None and not (is_pow2(cos.shape[-1], 2) and cos.shape[-1] <= k_pages.shape[-1]):
-        reason = f"rotary dim {cos.shape[-1]}: need a power of two <= head_dim"
-    interpret = kernel_mode("paged attention", impl, reason)
+    reason = _unsupported(None, k_pages, v_pages) or _inputs_unsupported(qg, k, v, cos, slot_mapping, k_pages,
+                                                                         num_q_heads)
+    interpret = kernel_mode("decode attention inputs", impl, reason)
     fn = reference.decode_attention_inputs if interpret is None else functools.partial(
         kernel.decode_attention_inputs, interpret=interpret, **tuning)
     return fn(qg, k, v, cos, sin, q_norm, k_norm, slot_mapping, k_pages, v_pages, num_q_heads=num_q_heads, eps=eps)

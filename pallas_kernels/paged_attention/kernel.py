@@ -1,4 +1,6 @@
-"""Pallas kernels for attention over the paged KV cache: decode, prefill/extend, and the K/V write.
+"""Pallas kernels for attention over the paged KV cache: decode, prefill/extend, and the K/V write; and the
+decode step's two launches around them: `decode_attention_inputs` (q/k norms, RoPE and the K/V write from
+the raw projections) and the split combine with the output gate (`paged_decode_attention(gate=...)`).
 
 Same signatures and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton
 lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with `interpret=True` on CPU.
@@ -223,7 +225,8 @@ def paged_decode_attention(
     num_splits: KV shares per (sequence, KV head), combined by a log-sum-exp weighted sum; None picks
     enough to fill the GPU for this batch and cache capacity.
     gate: the output is `reference.decode_attention_output`'s (gated, flattened, zero rows to out_rows),
-    with the split combine and the gate in one launch (`_combine_gate_kernel`).
+    with the split combine and the gate in one launch (`_combine_gate_kernel`; with one split, XLA gates).
+    The gate's dtype must be q's (the reference rounds o to q's dtype, then to the gate's).
     """
     _check_block("block_kv", block_kv)
     batch, num_q_heads, head_dim = q.shape
@@ -305,7 +308,7 @@ def _combine_gate_kernel(lse_ref, o_part_ref, gate_ref, out_ref, *, group: int, 
         lse = jnp.where(real, lse_ref[b, h, splits, r], -jnp.inf)  # [S']
         o_part = jnp.where(real[:, None], o_part_ref[b, h, splits[:, None], r, cols[None, :]], 0.0)  # [S', hd]
         m = jnp.max(lse)
-        w = jnp.exp(lse - jnp.where(m > -jnp.inf, m, 0.0))  # [S]; empty splits weigh 0
+        w = jnp.exp(lse - jnp.where(m > -jnp.inf, m, 0.0))  # [S']; empty splits weigh 0
         denom = jnp.sum(w)
         o = jnp.sum(w[:, None] * o_part, axis=0) / jnp.where(denom > 0, denom, 1.0)  # [hd]
         dtype = out_ref.dtype  # `attention_gate`'s roundings as casts, which Triton keeps

@@ -1,4 +1,5 @@
-"""Pure-JAX reference for attention over the paged KV cache (the oracle of the kernels, and their fallback).
+"""Pure-JAX reference for attention over the paged KV cache (the oracle of the kernels, and their fallback),
+and for the decode step's attention inputs (q/k norms, RoPE, K/V write) and gated output.
 
 Layout: per layer `k_pages` / `v_pages` are `[num_pages, page_size, Hkv, hd]`; a token at position `p` of a
 sequence lives in page `page_tables[seq, p // page_size]` at offset `p % page_size`, i.e. at flat slot

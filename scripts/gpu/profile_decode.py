@@ -52,6 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     model = hybrid_jax.random_model(args.size, "bfloat16")
     max_len = args.max_model_len or args.context + 1024
+    if max_len <= args.context:
+        parser.error(f"--max-model-len {max_len} must exceed --context {args.context}")
     pool_kw = (dict(memory_utilization=args.memory_utilization) if args.memory_utilization
                else dict(num_pages=args.batch * pages_for(max_len, 16) + 1))
     config = EngineConfig(max_batch=args.max_batch or args.batch, max_model_len=max_len, page_size=16,

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import pallas_kernels.gemv as gemv_dispatch
+import pallas_kernels.gemv.kernel as gemv_kernel
 from pallas_kernels.gemv import MAX_ROWS, gemv, gemv_swiglu
 from pallas_kernels.gemv.kernel import plan
 from pallas_kernels.gemv.reference import swiglu_product
@@ -118,8 +120,23 @@ def test_swiglu_product_rounds_each_step():
     np.testing.assert_array_equal(np.asarray(swiglu_product(jnp.asarray(gate), jnp.asarray(up))), want)
 
 
-def test_swiglu_auto_falls_back_for_untuned_shapes():
+def test_swiglu_auto_falls_back_for_untuned_shapes(monkeypatch):
+    """The "auto" dispatch fuses only shapes with a measured tuning and at most SWIGLU_MAX_ROWS rows; the others
+    take gemv and the product. The reasons it hands to kernel_mode are what is checked."""
+    reasons = []
+
+    def record(op, impl, reason):
+        if op == "gemv_swiglu":
+            reasons.append(reason)
+        return None  # the reference either way
+
+    monkeypatch.setattr(gemv_dispatch, "kernel_mode", record)
     x, (w_gate, w_up) = _inputs(0, 2, 128, (64, 64))
-    got = gemv_swiglu(x, w_gate, w_up)  # CPU, or a GPU with no tuning for (128, 64): gemv then the product
+    got = gemv_swiglu(x, w_gate, w_up)
     want = swiglu_product(*gemv(x, (w_gate, w_up), impl="reference"))
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, (128, 64), gemv_kernel.SWIGLU_DEFAULT)
+    gemv_swiglu(x, w_gate, w_up)
+    x_many, _ = _inputs(1, gemv_kernel.SWIGLU_MAX_ROWS + 1, 128, (64,))
+    gemv_swiglu(x_many, w_gate, w_up)
+    assert "no measured tuning" in reasons[0] and reasons[1] is None and "rows >" in reasons[2]
