@@ -1,4 +1,5 @@
-"""Pure-JAX references of the few-row matmuls: x times each weight, and the MLP's gate/up pair with its SwiGLU."""
+"""Pure-JAX references of the few-row matmul (x times each weight) and of the SwiGLU product the fused gate/up
+kernel writes."""
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,3 @@ def swiglu_product(gate: jax.Array, up: jax.Array) -> jax.Array:
     act = keep(jax.nn.silu(keep(gate.astype(jnp.float32))))
     return (act * keep(up.astype(jnp.float32))).astype(gate.dtype)
 
-
-def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array) -> jax.Array:
-    """x [..., K] -> silu(x w_gate) * (x w_up) [..., N], each projection rounded to the weights' dtype first."""
-    return swiglu_product(*gemv(x, (w_gate, w_up)))
