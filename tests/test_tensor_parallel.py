@@ -82,8 +82,8 @@ def test_heads_that_do_not_divide_are_rejected(field, value, tp):
 
 
 def test_nothing_compiles_while_serving_sharded(compile_log):
-    """Greedy calls chained on the device (each call's input tokens are the last call's output, an array on the
-    mesh) and sampled ones: all compiled by the warm-up."""
+    """Greedy calls chained on the device (each call's inputs are the last call's outputs, arrays on the mesh)
+    and sampled ones: all compiled by the warm-up."""
     engine = Engine(perturbed_model(), EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32,
                                                     tensor_parallel_size=2, decode_steps=3)).start()
     assert engine.decode_steps == 1  # one step per call under a mesh (see Engine.__init__)

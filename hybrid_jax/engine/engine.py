@@ -21,6 +21,7 @@ from functools import partial
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
@@ -48,7 +49,6 @@ from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
-MAX_COMPILE_THREADS = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does not)
 
 
 class QueueFullError(RuntimeError):
@@ -70,10 +70,14 @@ class EngineConfig:
     decode_steps: int = 1  # decode steps per greedy call when nothing waits for prefill (hides the host round
     # trip); a request's last tokens, fewer than that, take a step per call
     decode_sizes: tuple[int, ...] | None = None  # batch buckets of the decode step (default: powers of two)
+    compile_threads: int = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does
+    # not); on the H200 serial compiles gave faster 9B decode calls (docs/BENCHMARKS.md, eleventh session)
 
     def __post_init__(self):
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
             raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
+        if self.compile_threads < 1:
+            raise ValueError(f"compile_threads: must be at least 1, got {self.compile_threads}")
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
@@ -107,7 +111,7 @@ class DecodeCall(NamedTuple):
     requests: list[Request]  # rows 0.. of the batch
     variant: tuple[bool, int]  # (greedy_only, steps per call)
     sampled: Sampled  # device arrays with a leading [steps] axis
-    last_tokens: jax.Array  # [B] the last step's tokens, on the device
+    next_batch: DecodeBatch  # on the device: the inputs of a call chained after this one (same requests)
 
     @property
     def steps(self) -> int:
@@ -216,13 +220,18 @@ class Engine:
         self._stop = threading.Event()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
 
-    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
-        """A decode step whose samples carry a leading [steps] axis, plus the last step's tokens [B] (the next
-        call's input), both shaped on the device: no host-side array op between chained calls."""
+    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
+        """A decode step whose samples carry a leading [steps] axis, plus the inputs of the next call over the
+        same requests (its tokens the last samples, positions and sampling steps advanced), made on the device:
+        a chained call needs no host-side array op and no host-to-device copy."""
         sampled, pools = self._run(step, weights, pools, batch, **kw)
         if sampled.tokens.ndim == 1:
             sampled = jax.tree.map(lambda x: x[None], sampled)
-        return sampled, sampled.tokens[-1], pools
+        real = batch.slot_ids > 0  # [B] padding rows stay as the host pads them
+        advance = lambda x: jnp.where(real, x + sampled.tokens.shape[0], x)
+        next_batch = batch._replace(tokens=jnp.where(real, sampled.tokens[-1], 0), positions=advance(batch.positions),
+                                    rows=batch.rows._replace(step=advance(batch.rows.step)))
+        return sampled, next_batch, pools
 
     def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
@@ -299,7 +308,7 @@ class Engine:
             return name, time.perf_counter() - start
 
         start = time.perf_counter()
-        workers = max(1, min(len(programs), os.cpu_count() or 1, MAX_COMPILE_THREADS))
+        workers = max(1, min(len(programs), os.cpu_count() or 1, self.config.compile_threads))
         with ThreadPoolExecutor(workers, thread_name_prefix="hybrid-jax-compile") as pool:
             for name, seconds in pool.map(compile_program, programs):
                 log.info("warm-up: %s compiled in %.1f s", name, seconds)
@@ -392,7 +401,7 @@ class Engine:
             self._finish(r, token, reason)
 
     # -- steps ---------------------------------------------------------------------------------------
-    def _sampling_rows(self, requests: list[Request], size: int, ahead: int = 0) -> tuple[SamplingRows, jax.Array]:
+    def _sampling_rows(self, requests: list[Request], size: int) -> tuple[SamplingRows, jax.Array]:
         cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
                                                                "frequency_penalty", "repetition_penalty")}
         cols["top_p"][:] = 1.0
@@ -406,14 +415,12 @@ class Engine:
                 cols[name][i] = getattr(p, name)
             top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
             seed[i] = r.seed
-            step[i] = len(r.output_ids) + ahead
+            step[i] = len(r.output_ids)
         want_top = any(r.params.logprobs for r in requests)
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
-    def decode_batch(self, requests: list[Request], size: int, after: DecodeCall | None = None) -> DecodeBatch:
-        """The decode step's inputs for ``requests`` padded to ``size`` rows. Chained ``after`` a call still in
-        flight, the input tokens are that call's last samples, on the device (see `_run_decode`)."""
-        ahead = 0 if after is None else after.steps  # tokens past what the host has read
+    def decode_batch(self, requests: list[Request], size: int) -> DecodeBatch:
+        """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host."""
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
@@ -421,32 +428,34 @@ class Engine:
         page_tables = np.zeros((size, width), np.int32)
         for i, r in enumerate(requests):
             tokens[i] = r.output_ids[-1]
-            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1 + ahead
+            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
-        rows, want_top = self._sampling_rows(requests, size, ahead)
-        if after is not None:
-            tokens = after.last_tokens
-        elif self.mesh is not None:  # placed as a chained call's tokens are (an array on the mesh): a host array
-            tokens = jax.device_put(tokens, self._batch_sharding)  # would be another input type, another compile
-        return DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
+        rows, want_top = self._sampling_rows(requests, size)
+        batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
+        if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
+            batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
+        return batch
 
     def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
                        after: DecodeCall | None = None) -> DecodeCall:
         """Queue one decode call over ``requests`` (padded to their batch bucket); ``after``: the call in flight
-        for the same requests, whose last samples are this call's input tokens (read on the device, so the host
-        does not wait for them)."""
-        size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-        batch = self.decode_batch(requests, size, after)
-        sampled, last_tokens, self.pools = self._decode[variant](self._weights, self.pools, batch)
-        return DecodeCall(requests, variant, sampled, last_tokens)
+        for the same requests, whose outputs on the device are this call's inputs (the host neither waits for
+        them nor copies anything to the device)."""
+        if after is not None:
+            batch = after.next_batch
+        else:
+            size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
+            batch = self.decode_batch(requests, size)
+        sampled, next_batch, self.pools = self._decode[variant](self._weights, self.pools, batch)
+        return DecodeCall(requests, variant, sampled, next_batch)
 
     def _run_decode(self) -> None:
         """Queue the next decode call, then hand out the samples of the call before it.
 
-        While the decoding requests stay the same, each call reads its input tokens from the previous call's
-        output on the device and is queued before the host reads that output: the device runs call after
-        call while the host delivers tokens. A call that runs past a request's end (eos, max_tokens, cancel)
+        While the decoding requests stay the same, each call takes its inputs from the previous call's outputs
+        on the device and is queued before the host reads that output: the device runs call after call while
+        the host delivers tokens. A call that runs past a request's end (eos, max_tokens, cancel)
         computes rows the host discards; positions past a request's pages write to the null page.
         """
         previous, self._inflight = self._inflight, None

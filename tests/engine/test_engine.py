@@ -3,12 +3,14 @@
 import threading
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import hybrid_jax
-from hybrid_jax.engine.engine import Engine, EngineConfig, QueueFullError
+from hybrid_jax.engine.cache import pages_for
+from hybrid_jax.engine.engine import Engine, EngineConfig, QueueFullError, Request
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.generate import greedy_generate
 
@@ -38,9 +40,11 @@ def make_engine(model, *, eos_token_ids=(), **kw):
     return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids).start()
 
 
-def test_decode_sizes_checked():
+def test_config_checked():
     with pytest.raises(ValueError, match="decode_sizes"):
         EngineConfig(max_batch=4, decode_sizes=(2, 8))
+    with pytest.raises(ValueError, match="compile_threads"):
+        EngineConfig(compile_threads=0)
 
 
 def tokens(handle):
@@ -138,6 +142,28 @@ def test_pipelined_calls_across_endings_and_variant_changes(model, prompts, refe
         assert engine.stats()["pages_used"] == 0
     finally:
         engine.shutdown()
+
+
+def test_chained_call_inputs_match_the_host_built_batch(model, prompts):
+    """A chained call's inputs, made on the device by the call before it, are the batch the host would build
+    once it has read that call's samples: last tokens, positions and sampling steps advanced, the rest kept."""
+    engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3))
+    requests = []
+    for i, p in enumerate(prompts[1:4]):
+        params = SamplingParams(max_tokens=20, temperature=0.5 * i, top_k=5 * i, seed=i, ignore_eos=True)
+        r = Request(f"r{i}", p, params, seed=i, output_ids=[p[-1]])
+        r.slot = engine.slots.allocate(1)[0]
+        r.pages = engine.pages.allocate(pages_for(r.total_len, 16))
+        requests.append(r)
+    call = engine._launch_decode(requests, (False, 1))
+    second = engine._launch_decode(requests, (False, 1), after=call)
+    engine._deliver_call(call)
+    engine._deliver_call(second)
+    assert all(len(r.output_ids) == 3 for r in requests)
+    host = engine.decode_batch(requests, 4)
+    for name, want, got in zip(host._fields, host, second.next_batch, strict=True):
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
 
 
 @pytest.mark.parametrize(("max_tokens", "calls"), [(10, [3, 3, 3]), (12, [3, 3, 3, 1, 1])],
