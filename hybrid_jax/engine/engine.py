@@ -188,16 +188,17 @@ class Engine:
         step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
         jit_kw = dict(donate_argnums=1)
-        decode_kw = jit_kw
+        # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
+        decode_kw = dict(donate_argnums=(1, 2))
         if self.mesh is not None:
             # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
-            # so a chained decode call's input tokens (the previous call's output) have the sharding the warm-up
-            # compiled for (and decode_batch places the host's tokens the same way: the same input type).
+            # so a chained decode call's batch (the previous call's output) has the sharding the warm-up compiled
+            # for (and decode_batch places the host's batch the same way: the same input type).
             replicated = self._batch_sharding
             weight_shardings = tuple(w.sharding for w in self._weights)
             jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
                           out_shardings=(replicated, self._pool_shardings))
-            decode_kw = dict(jit_kw, out_shardings=(replicated, replicated, self._pool_shardings))
+            decode_kw = dict(jit_kw, **decode_kw, out_shardings=(replicated, replicated, self._pool_shardings))
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
