@@ -198,7 +198,8 @@ class Engine:
             weight_shardings = tuple(w.sharding for w in self._weights)
             jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
                           out_shardings=(replicated, self._pool_shardings))
-            decode_kw = dict(jit_kw, **decode_kw, out_shardings=(replicated, replicated, self._pool_shardings))
+            decode_kw = dict(jit_kw, donate_argnums=(1, 2),
+                             out_shardings=(replicated, replicated, self._pool_shardings))
         self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
