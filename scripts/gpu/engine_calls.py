@@ -1,9 +1,10 @@
 """The engine's c=1 decode, call by call: how long each call takes on the device as the engine runs it.
 
     python scripts/gpu/engine_calls.py --size 9b [--max-batch 64] [--decode-sizes 1] [--prefill-sizes 1024]
-        [--max-prefill-seqs 4] [--compile-threads 8] [--memory-utilization 0.9] [--reps 4] [--out calls.json]
+        [--max-prefill-seqs 4] [--compile-threads 8] [--decode-steps 4] [--memory-utilization 0.9] [--reps 4]
+        [--out calls.json]
 
-Starts the engine (random bf16 weights at the size's real shapes, max_model_len 4096, 4 decode steps a call)
+Starts the engine (random bf16 weights at the size's real shapes, max_model_len 4096, `--decode-steps` a call)
 and decodes one 1024-token prompt to 128 greedy tokens `--reps` times. Per run: TPOT as `vllm bench serve`
 computes it, the gaps between token deliveries (a chained call's gap is its device time), and the host's time
 to launch a call and to read one back. The first run settles and is not summarised. Prints a table; JSON with
@@ -58,12 +59,13 @@ def main() -> None:
     parser.add_argument("--prefill-sizes", type=int, nargs="+", default=None)
     parser.add_argument("--max-prefill-seqs", type=int, default=4)
     parser.add_argument("--compile-threads", type=int, default=8)
+    parser.add_argument("--decode-steps", type=int, default=4, help="greedy decode steps per device call")
     parser.add_argument("--memory-utilization", type=float, default=0.9)
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     config = EngineConfig(max_batch=args.max_batch, max_model_len=4096, page_size=16, prefill_chunk=1024,
-                          decode_steps=4, memory_utilization=args.memory_utilization,
+                          decode_steps=args.decode_steps, memory_utilization=args.memory_utilization,
                           max_prefill_seqs=args.max_prefill_seqs, compile_threads=args.compile_threads,
                           decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
                           prefill_sizes=tuple(args.prefill_sizes) if args.prefill_sizes else None)
