@@ -118,6 +118,20 @@ class DecodeCall(NamedTuple):
         return self.variant[1]
 
 
+class FirstTokens(NamedTuple):
+    """Prefill's samples for the requests whose prompts it finished, still on the device: the first decode call
+    over them is queued before the host reads them."""
+
+    requests: list[Request]
+    rows: list[int]  # each request's row of ``sampled``
+    sampled: Sampled  # device arrays [max_prefill_seqs]
+
+
+def take_first_tokens(tokens: jax.Array, first_tokens: jax.Array, source: jax.Array) -> jax.Array:
+    """``tokens`` [B] with each row whose ``source`` [B] is >= 0 replaced by ``first_tokens`` [S] at that index."""
+    return jnp.where(source >= 0, first_tokens[jnp.maximum(source, 0)].astype(tokens.dtype), tokens)
+
+
 @dataclass
 class Request:
     request_id: str
@@ -216,6 +230,8 @@ class Engine:
                 partial(self._run_decode_step, multi_decode_step, num_steps=self.decode_steps, greedy_only=True,
                         **step_kw), **decode_kw)
         self._inflight: DecodeCall | None = None
+        self._first: FirstTokens | None = None
+        self._take_first_tokens = jax.jit(take_first_tokens)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
         self._prefilling: list[Request] = []
@@ -322,7 +338,11 @@ class Engine:
                  workers)
         self.pools = allocate_pools(pools, self._pool_shardings)
         for _, step, batch in programs:
-            *_, self.pools = step(self._weights, self.pools, batch)
+            sampled, *_, self.pools = step(self._weights, self.pools, batch)
+            if step is self._prefill:
+                first_tokens = sampled.tokens
+        for size in self.config.decode_buckets:  # a first decode call's tokens (`decode_batch`)
+            self._take_first_tokens(np.zeros(size, np.int32), first_tokens, np.full(size, -1, np.int32))
         jax.block_until_ready(self.pools)
 
     # -- the engine thread ---------------------------------------------------------------------------
@@ -339,7 +359,7 @@ class Engine:
                     self._run_decode()
             except Exception as e:  # a failed step ends its requests, never the server
                 log.exception("engine step failed")
-                self._inflight = None
+                self._inflight = self._first = None
                 for r in self._prefilling + self._decoding:
                     self._finish(r, None, "error", error=e)
 
@@ -407,7 +427,10 @@ class Engine:
             self._finish(r, token, reason)
 
     # -- steps ---------------------------------------------------------------------------------------
-    def _sampling_rows(self, requests: list[Request], size: int) -> tuple[SamplingRows, jax.Array]:
+    def _sampling_rows(self, requests: list[Request], size: int,
+                       ahead: np.ndarray | None = None) -> tuple[SamplingRows, jax.Array]:
+        """The rows' sampling settings; ``ahead`` [len(requests)]: tokens each has sampled that the host has not
+        read yet."""
         cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
                                                                "frequency_penalty", "repetition_penalty")}
         cols["top_p"][:] = 1.0
@@ -421,38 +444,49 @@ class Engine:
                 cols[name][i] = getattr(p, name)
             top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
             seed[i] = r.seed
-            step[i] = len(r.output_ids)
+            step[i] = len(r.output_ids) + (0 if ahead is None else ahead[i])
         want_top = any(r.params.logprobs for r in requests)
         return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
 
-    def decode_batch(self, requests: list[Request], size: int) -> DecodeBatch:
-        """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host."""
+    def decode_batch(self, requests: list[Request], size: int, first: FirstTokens | None = None) -> DecodeBatch:
+        """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host; the tokens of
+        the requests in ``first`` are prefill's samples, taken on the device."""
         width = self.layout.max_pages_per_seq
         tokens = np.zeros(size, np.int32)
         positions = np.zeros(size, np.int32)
         slot_ids = np.zeros(size, np.int32)
         page_tables = np.zeros((size, width), np.int32)
+        source = np.full(size, -1, np.int32)  # row of first.sampled holding the row's token, else -1
+        if first is not None:
+            index = {id(r): i for i, r in enumerate(requests)}
+            for r, row in zip(first.requests, first.rows, strict=True):
+                if id(r) in index:
+                    source[index[id(r)]] = row
+        ahead = (source[: len(requests)] >= 0).astype(np.int32)
         for i, r in enumerate(requests):
-            tokens[i] = r.output_ids[-1]
-            positions[i] = len(r.prompt_ids) + len(r.output_ids) - 1
+            tokens[i] = r.output_ids[-1] if not ahead[i] else 0
+            positions[i] = len(r.prompt_ids) + len(r.output_ids) + ahead[i] - 1
             slot_ids[i] = r.slot
             page_tables[i] = page_table_row(r.pages, width)
-        rows, want_top = self._sampling_rows(requests, size)
+        rows, want_top = self._sampling_rows(requests, size, ahead)
+        if ahead.any():
+            tokens = self._take_first_tokens(tokens, first.sampled.tokens, source)
         batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
         if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
             batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
         return batch
 
     def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
-                       after: DecodeCall | None = None) -> DecodeCall:
+                       after: DecodeCall | None = None, first: FirstTokens | None = None) -> DecodeCall:
         """Queue one decode call over ``requests`` (padded to their batch bucket); ``after``: the call in flight
         for the same requests, whose outputs on the device are this call's inputs (the host neither waits for
-        them nor copies anything to the device)."""
+        them nor copies anything to the device); ``first``: prefill's unread samples, the last tokens of the
+        requests it names."""
         if after is not None:
             batch = after.next_batch
         else:
             size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-            batch = self.decode_batch(requests, size)
+            batch = self.decode_batch(requests, size, first)
         sampled, next_batch, self.pools = self._decode[variant](self._weights, self.pools, batch)
         return DecodeCall(requests, variant, sampled, next_batch)
 
@@ -461,29 +495,39 @@ class Engine:
 
         While the decoding requests stay the same, each call takes its inputs from the previous call's outputs
         on the device and is queued before the host reads that output: the device runs call after call while
-        the host delivers tokens. A call that runs past a request's end (eos, max_tokens, cancel)
-        computes rows the host discards; positions past a request's pages write to the null page.
+        the host delivers tokens. Likewise the first call after a prefill takes the prompts' first tokens from
+        prefill's output on the device, and is queued before the host reads them. A call that runs past a
+        request's end (eos, max_tokens, cancel) computes rows the host discards; positions past a request's
+        pages write to the null page.
         """
         previous, self._inflight = self._inflight, None
+        first, self._first = self._first, None
         requests = list(self._decoding)
         greedy = all(r.params.temperature == 0 and not r.params.logprobs for r in requests)
-        same = previous is not None and len(previous.requests) == len(requests) > 0 and all(
+        same = first is None and previous is not None and len(previous.requests) == len(requests) > 0 and all(
             a is b for a, b in zip(previous.requests, requests, strict=True))
         # A request that reaches max_tokens in the previous call leaves the batch: chaining would queue a call
         # of discarded rows ahead of whatever comes next (a new request's prefill would wait for it).
         if same and all(len(r.output_ids) + previous.steps < r.params.max_tokens for r in requests):
-            variant = (greedy, self._steps_per_call(requests, greedy, ahead=previous.steps))
-            self._inflight = self._launch_decode(requests, variant, after=previous)
+            left = max(r.params.max_tokens - len(r.output_ids) - previous.steps for r in requests)
+            self._inflight = self._launch_decode(requests, (greedy, self._steps_per_call(greedy, left)),
+                                                 after=previous)
             self._deliver_call(previous)
             return
         if previous is not None:
             self._deliver_call(previous)
-        requests = [r for r in self._decoding if not r.finished]
+        unread = {id(r) for r in first.requests} if first is not None else set()  # first token still on device
+        left = {id(r): r.params.max_tokens - len(r.output_ids) - (id(r) in unread) for r in self._decoding}
+        requests = [r for r in self._decoding if not r.finished and left[id(r)] > 0]
         if requests:
-            self._inflight = self._launch_decode(requests, (greedy, self._steps_per_call(requests, greedy, ahead=0)))
+            steps = self._steps_per_call(greedy, max(left[id(r)] for r in requests))
+            self._inflight = self._launch_decode(requests, (greedy, steps), first=first)
+        if first is not None:
+            self._deliver(first.requests, first.sampled, first.rows)
 
-    def _steps_per_call(self, requests: list[Request], greedy: bool, ahead: int) -> int:
-        """Decode steps for the next call over ``requests`` (``ahead``: tokens still in flight for them).
+    def _steps_per_call(self, greedy: bool, most_left: int) -> int:
+        """Decode steps for the next call over requests of which the one with the most left still wants
+        ``most_left`` tokens beyond those in flight.
 
         Several only for a greedy batch with no prompt waiting for its prefill (it would wait that much
         longer), and only while some request still wants that many tokens: a request's last few tokens
@@ -491,7 +535,6 @@ class Engine:
         discarded."""
         if not greedy or self.decode_steps == 1 or self._waiting or self._prefilling or self._inbox.qsize():
             return 1
-        most_left = max(r.params.max_tokens - len(r.output_ids) - ahead for r in requests)
         return self.decode_steps if most_left >= self.decode_steps else 1
 
     def _deliver_call(self, call: DecodeCall) -> None:
@@ -568,6 +611,6 @@ class Engine:
                 self._decoding.append(r)
                 done.append(r)
                 rows.append(s)
-        if done:
-            self._deliver(done, sampled, rows)
+        if done:  # read by `_run_decode`, after it queues the first decode call over them
+            self._first = FirstTokens(done, rows, sampled)
 

@@ -33,9 +33,9 @@ class CallTimer:
         self.delivers: list[float] = []  # ms, including the wait for the call to finish
         launch, deliver = engine._launch_decode, engine._deliver_call
 
-        def timed_launch(requests, variant, after=None):
+        def timed_launch(requests, variant, after=None, first=None):
             start = time.perf_counter()
-            call = launch(requests, variant, after)
+            call = launch(requests, variant, after, first)
             self.launches.append(((time.perf_counter() - start) * 1e3, after is not None))
             return call
 

@@ -166,6 +166,52 @@ def test_chained_call_inputs_match_the_host_built_batch(model, prompts):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
 
 
+def test_first_call_inputs_take_prefills_samples_on_the_device(model, prompts):
+    """The first decode call after a prefill takes the prompts' first tokens from prefill's output on the
+    device: its batch is the one the host builds once it has read them (tokens, positions, sampling steps)."""
+    engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3))
+    requests = [Request(f"r{i}", p, SamplingParams(max_tokens=20, temperature=0.5 * i, seed=i, ignore_eos=True),
+                        seed=i) for i, p in enumerate(prompts[4:7])]
+    engine._waiting.extend(requests)
+    engine._admit()
+    engine._run_prefill()
+    first = engine._first
+    assert first is not None and [r.request_id for r in first.requests] == ["r0", "r1", "r2"]
+    assert not any(r.output_ids for r in requests)  # nothing read yet
+    order = [requests[2], requests[0], requests[1]]  # rows in another order than prefill's
+    device_made = engine.decode_batch(order, 4, first)
+    engine._deliver(first.requests, first.sampled, first.rows)
+    assert all(len(r.output_ids) == 1 for r in requests)
+    host = engine.decode_batch(order, 4)
+    for name, want, got in zip(host._fields, host, device_made, strict=True):
+        for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
+
+
+def test_first_decode_call_is_queued_before_prefills_tokens_are_read(model, prompts):
+    """After the prefill that finishes a prompt, the engine queues the first decode call before it reads
+    prefill's token (the device goes from one to the other with no host round trip); the output is unchanged."""
+    want = greedy_generate(model, jnp.asarray([prompts[1]]), 8)[0]
+    engine = make_engine(model, decode_steps=3)
+    events = []
+    launch, deliver = engine._launch_decode, engine._deliver
+
+    def launching(requests, variant, **kw):
+        events.append("launch")
+        return launch(requests, variant, **kw)
+
+    def delivering(requests, sampled, rows=None):
+        events.append("deliver")
+        return deliver(requests, sampled, rows)
+
+    engine._launch_decode, engine._deliver = launching, delivering
+    try:
+        assert tokens(engine.submit(prompts[1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))) == want
+    finally:
+        engine.shutdown()
+    assert events[:2] == ["launch", "deliver"]
+
+
 @pytest.mark.parametrize(("max_tokens", "calls"), [(10, [3, 3, 3]), (12, [3, 3, 3, 1, 1])],
                          ids=["exact-multiple", "single-step-tail"])
 def test_no_step_runs_past_max_tokens(model, prompts, max_tokens, calls):
@@ -177,9 +223,9 @@ def test_no_step_runs_past_max_tokens(model, prompts, max_tokens, calls):
     launched = []
     launch = engine._launch_decode
 
-    def counting(requests, variant, after=None):
+    def counting(requests, variant, **kw):
         launched.append(variant[1])
-        return launch(requests, variant, after)
+        return launch(requests, variant, **kw)
 
     engine._launch_decode = counting
     try:
