@@ -212,6 +212,28 @@ def test_first_decode_call_is_queued_before_prefills_tokens_are_read(model, prom
     assert events[:2] == ["launch", "deliver"]
 
 
+def test_a_one_token_request_queues_no_decode_call(model, prompts, reference):
+    """max_tokens=1: prefill's token is the whole output, so no decode call is queued for it (its first token is
+    still unread when the engine decides), and the next request is served as usual."""
+    engine = make_engine(model, decode_steps=3)
+    launched = []
+    launch = engine._launch_decode
+
+    def counting(requests, variant, **kw):
+        launched.append([r.request_id for r in requests])
+        return launch(requests, variant, **kw)
+
+    engine._launch_decode = counting
+    try:
+        events = list(engine.submit(prompts[1], SamplingParams(max_tokens=1, temperature=0)))
+        assert [e.token_id for e in events] == reference[1][:1] and events[-1].finish_reason == "length"
+        assert launched == []
+        assert tokens(engine.submit(prompts[2], SamplingParams(max_tokens=4, temperature=0))) == reference[2][:4]
+        assert launched
+    finally:
+        engine.shutdown()
+
+
 @pytest.mark.parametrize(("max_tokens", "calls"), [(10, [3, 3, 3]), (12, [3, 3, 3, 1, 1])],
                          ids=["exact-multiple", "single-step-tail"])
 def test_no_step_runs_past_max_tokens(model, prompts, max_tokens, calls):
