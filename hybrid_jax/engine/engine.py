@@ -71,7 +71,7 @@ class EngineConfig:
     # trip); a request's last tokens, fewer than that, take a step per call
     decode_sizes: tuple[int, ...] | None = None  # batch buckets of the decode step (default: powers of two)
     compile_threads: int = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does
-    # not); on the H200 serial compiles gave faster 9B decode calls (docs/BENCHMARKS.md, eleventh session)
+    # not): fewer bounds the autotuner's scratch memory and the warm-up's CPU load
 
     def __post_init__(self):
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
