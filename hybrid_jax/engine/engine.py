@@ -214,11 +214,7 @@ class Engine:
                           out_shardings=(replicated, self._pool_shardings))
             decode_kw = dict(jit_kw, donate_argnums=(1, 2),
                              out_shardings=(replicated, replicated, self._pool_shardings))
-        # Prefill runs without CUDA graphs: with the prefill programs' graphs loaded, the decode program ran 2.8%
-        # slower on the H200 (9B, greedy, B=1: 4.49 against 4.36 ms a step back to back; docs/BENCHMARKS.md), and
-        # a prefill's few large kernels hide their launches anyway.
-        self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw,
-                                compiler_options={"xla_gpu_enable_command_buffer": ""})
+        self._prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                      **step_kw), **decode_kw) for greedy in (False, True)}
