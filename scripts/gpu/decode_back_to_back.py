@@ -1,7 +1,7 @@
 """The engine's own c=1 decode program back to back, with the engine's other programs loaded and then freed.
 
     python scripts/gpu/decode_back_to_back.py --size 9b [--max-batch 64] [--decode-steps 4] [--calls 60]
-        [--out b2b.json]
+        [--compile-threads 8] [--out b2b.json]
 
 Starts the engine as the server does (random bf16 weights at the size's real shapes, max_model_len 4096,
 memory 0.9: every decode and prefill program compiled and run once), then times its greedy multi-step decode
@@ -46,10 +46,13 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=4)
     parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--compile-threads", type=int, default=EngineConfig.compile_threads,
+                        help="programs the warm-up compiles at once")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     config = EngineConfig(max_batch=args.max_batch, max_model_len=4096, page_size=16, prefill_chunk=1024,
-                          decode_steps=args.decode_steps, memory_utilization=0.9, max_prefill_seqs=4)
+                          decode_steps=args.decode_steps, memory_utilization=0.9, max_prefill_seqs=4,
+                          compile_threads=args.compile_threads)
     engine = Engine(hybrid_jax.random_model(args.size, "bfloat16"), config, valid_vocab=248_077)
     engine.warmup()
     variant = (True, args.decode_steps)
