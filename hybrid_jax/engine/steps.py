@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.layers.attention import GatedAttention
 from hybrid_jax.layers.gdn import GatedDeltaNet, conv_ring_columns
+from hybrid_jax.layers.linear import add_projection, arrival_counters
 from hybrid_jax.layers.rope import rope_cos_sin
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
@@ -149,24 +150,28 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     projections that read it pad nothing and the decode kernels take their outputs as they come (they read
     the N real rows and hand back outputs padded to the rows, zeros past N). ``full_attention(attn, h, pool,
     positions, dtype)`` and ``linear_attention(gdn, h, pool, dtype)`` run a mixer from the padded normed
-    stream h [rows, D] (positions padded too) over its layer's pool -> (y [N or rows, D], new pool).
+    stream h [rows, D] (positions padded too) over its layer's pool -> (its output projection's input
+    [N or rows, ...], that projection, new pool). The output and down projections are added to the stream by
+    `add_projection` (one launch each on the few-row kernel: no separate sum-and-add).
     Returns the final residual stream [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
     rows = padded_rows(n)
     x = _pad_rows(x, rows)  # [rows, D]
     padded_positions = _pad_rows(positions, rows)  # [rows]
+    arrivals = arrival_counters(x.shape[-1])
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
         h = layer.input_layernorm(x, dtype)  # [rows, D]
         if layer.is_attention:
-            h, pool = full_attention(layer.self_attn, h, pool, padded_positions, dtype)
+            y, out_proj, pool = full_attention(layer.self_attn, h, pool, padded_positions, dtype)
         else:
-            h, pool = linear_attention(layer.linear_attn, h, pool, dtype)
+            y, out_proj, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
-        x = x + _pad_rows(h, rows)
-        x = x + layer.mlp(layer.post_attention_layernorm(x, dtype))
+        x, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals)
+        y = layer.mlp.hidden(layer.post_attention_layernorm(x, dtype))  # [rows, I]
+        x, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals)
     return x[:n], new_layers
 
 
@@ -174,12 +179,12 @@ def _paged_attention(attn: GatedAttention, h, pool, positions, dtype, *, n: int,
                      attend):
     """Attention over the KV pages from the padded normed stream h [rows, D]: the layer's projections, norms
     and RoPE, the N new tokens' K/V written, then ``attend(q, k_pages, v_pages, scale) -> o [N, Hq, hd]``.
-    Returns (y [N, D], new pool)."""
+    Returns (the output projection's input [N, Hq hd], the projection, new pool)."""
     q, k, v, gate = (t[:n] for t in attn.project(h, positions))  # [N, H, hd]
     k, v = (kernels.kv_heads(t.astype(pool["k"].dtype)) for t in (k, v))
     k_pages, v_pages = kernels.write_kv(pool["k"], pool["v"], k, v, slot_mapping)
-    y = attn.output(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
-    return y, {"k": k_pages, "v": v_pages}
+    y = attn.gated(attend(q.astype(k_pages.dtype), k_pages, v_pages, attn.scale).astype(dtype), gate)
+    return y, attn.o_proj, {"k": k_pages, "v": v_pages}
 
 
 def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: Kernels, page_size: int,
@@ -212,7 +217,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, 
         after = conv_ring_columns(batch.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
         new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
         conv_pool = conv_pool.at[batch.slot_ids].set(jnp.where((new_tokens > 0)[:, None, None], new_ring, ring))
-        return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
+        return gdn.gated(o, z), gdn.out_proj, {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [T, D]
     x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention)
@@ -253,7 +258,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
             pool["v"], num_q_heads=attn.num_heads, eps=attn.q_norm.eps)  # q [B, Hq, hd]; both norms' eps: the config's
         o = paged_decode_attention(q, k_pages, v_pages, batch.page_tables, context_lens, scale=attn.scale,
                                    gate=qg, out_rows=qg.shape[0])  # [rows, Hq * hd], zeros past B
-        return attn.o_proj(o), {"k": k_pages, "v": v_pages}
+        return o, attn.o_proj, {"k": k_pages, "v": v_pages}
 
     def linear_attention(gdn: GatedDeltaNet, h, pool, dtype):
         n = batch.tokens.shape[0]
@@ -273,7 +278,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
             g, beta = gdn.gates(b, a)
             o, state_pool = kernels.gdn_decode(q, k, v, g, beta, batch.slot_ids, pool["state"])
             conv_pool = conv_pool.at[batch.slot_ids, batch.positions % gdn.kernel].set(mixed.astype(conv_pool.dtype))
-        return gdn.output(o, z), {"conv": conv_pool, "state": state_pool}
+        return gdn.gated(o, z), gdn.out_proj, {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
     x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention)

@@ -52,10 +52,14 @@ class GatedAttention(nnx.Module):
         k = apply_rope(self.k_norm(k), cos, sin)
         return q, k, v, gate
 
+    def gated(self, o: jax.Array, gate: jax.Array) -> jax.Array:
+        """o, gate [..., T, Hq, hd] -> the output projection's input [..., T, Hq hd]."""
+        o = attention_gate(o, gate)
+        return o.reshape(*o.shape[:-2], self.num_heads * self.head_dim)
+
     def output(self, o: jax.Array, gate: jax.Array) -> jax.Array:
         """o, gate [..., T, Hq, hd] -> [..., T, D]."""
-        o = attention_gate(o, gate)
-        return self.o_proj(o.reshape(*o.shape[:-2], self.num_heads * self.head_dim))
+        return self.o_proj(self.gated(o, gate))
 
     def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None = None):
         """x [B, T, D], positions [B, T]. ``cache`` {"k", "v": [B, S, Hkv, hd]} is written at ``positions``.

@@ -98,13 +98,17 @@ class GatedDeltaNet(nnx.Module):
         g, beta = self.gates(b, a)
         return q, k, v, g, beta, z, new_conv_state
 
-    def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
-        """o [..., T, Hv, dv] (delta-rule output), z [..., T, Hv, dv] -> [..., T, D].
+    def gated(self, o: jax.Array, z: jax.Array) -> jax.Array:
+        """o [..., T, Hv, dv] (delta-rule output), z [..., T, Hv, dv] -> the output projection's input [..., T, Hv dv].
 
         o is rounded to the model's dtype first (the weights'; z comes in fp32), as HF rounds it and the prefill
         kernel writes it, so the model's forward, prefill and decode normalise the same values."""
         y = self.norm(o.astype(self.out_proj.kernel[...].dtype), z)
-        return self.out_proj(y.reshape(*y.shape[:-2], self.value_dim))
+        return y.reshape(*y.shape[:-2], self.value_dim)
+
+    def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
+        """o, z [..., T, Hv, dv] -> [..., T, D]: `gated`, then the output projection."""
+        return self.out_proj(self.gated(o, z))
 
     def __call__(self, x: jax.Array, cache: dict | None = None):
         """x [B, T, D]; cache {"conv": [B, K-1, C], "state": [B, Hv, dk, dv] fp32} or None (zeros).

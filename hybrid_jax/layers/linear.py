@@ -1,6 +1,7 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
 input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh);
-`swiglu`: the MLP's gate/up pair and its product, fused there too where the kernel is tuned for the shape."""
+`swiglu`: the MLP's gate/up pair and its product, fused there too where the kernel is tuned for the shape;
+`add_projection`: a projection added to the residual stream, its K-splits summed in the same launch there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.sharding import TP
-from pallas_kernels.gemv import gemv, gemv_swiglu
+from pallas_kernels.gemv import gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.reference import gemv as xla_gemv
 from pallas_kernels.gemv.reference import swiglu_product
 
@@ -58,6 +59,23 @@ def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax
     if mesh is None:
         return gemv(x, weights, out_dtype)
     return _sharded_gemv(x, weights, tuple(layer.tp_split for layer in layers), mesh, out_dtype)
+
+
+def arrival_counters(width: int) -> jax.Array:
+    """Zeroed counters for `add_projection`s whose outputs are ``width`` wide; each call leaves them zeroed, so one
+    set serves a whole step, passed from call to call."""
+    return jnp.zeros(width // 16, jnp.int32)
+
+
+def add_projection(residual: jax.Array, x: jax.Array, layer: Linear,
+                   arrivals: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """residual [..., out] + layer(x) in fp32 (the projection rounded to the layer's dtype first), and the counters
+    for the next call: inside `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits,
+    where the kernel runs."""
+    enabled, mesh = _FEW_ROW_KERNEL.get()
+    if enabled and mesh is None:
+        return gemv_add(x, layer.kernel[...], residual, arrivals)
+    return residual + layer(x).astype(jnp.float32), arrivals
 
 
 def swiglu(x: jax.Array, gate: Linear, up: Linear) -> jax.Array:

@@ -14,5 +14,8 @@ class MLP(nnx.Module):
         self.up_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
         self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
 
+    def hidden(self, x: jax.Array) -> jax.Array:  # [..., D] -> the down projection's input [..., I]
+        return swiglu(x, self.gate_proj, self.up_proj)
+
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
-        return self.down_proj(swiglu(x, self.gate_proj, self.up_proj))
+        return self.down_proj(self.hidden(x))

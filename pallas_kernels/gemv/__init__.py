@@ -1,5 +1,6 @@
 """A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch;
-and the MLP's gate/up pair with the SwiGLU product fused (`gemv_swiglu`).
+the MLP's gate/up pair with the SwiGLU product fused (`gemv_swiglu`); and one projection added to the residual
+stream (`gemv_add`).
 
 `impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
 it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
@@ -64,6 +65,25 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *, impl: Impl = "auto",
+             **tuning) -> tuple[jax.Array, jax.Array]:
+    """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> [..., N] fp32,
+    in one launch on the kernel (`kernel.gemv_add`), and ``arrivals``: int32 zeros, at least N / 16, which the
+    kernel counts K-splits in and leaves zeroed; thread them from call to call (the references pass them on)."""
+    lead = x.shape[:-1]
+    k, n = w.shape
+    rows = x.reshape(-1, k)  # [M, K]
+    reason = _unsupported(rows.shape[0], k, w, w.dtype)
+    if reason is None and arrivals.shape[0] < n // 16:
+        reason = f"arrivals: {arrivals.shape[0]} counters, need {n // 16}"
+    interpret = kernel_mode("gemv_add", impl, reason)
+    if interpret is None:
+        y = reference.gemv_add(rows, w, residual.reshape(-1, n))
+    else:
+        y, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, interpret=interpret, **tuning)
+    return y.reshape(*lead, n), arrivals
+
+
 def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl = "auto", **tuning) -> jax.Array:
     """silu(x w_gate) * (x w_up): x [..., K], w_gate / w_up [K, N] -> [..., N] in the weights' dtype, each
     projection rounded to that dtype before the product (`reference.swiglu_product`).
@@ -88,4 +108,4 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl 
     return y.reshape(*lead, n)
 
 
-__all__ = ["Impl", "MAX_ROWS", "gemv", "gemv_swiglu", "padded_rows", "runs_kernel"]
+__all__ = ["Impl", "MAX_ROWS", "gemv", "gemv_add", "gemv_swiglu", "padded_rows", "runs_kernel"]

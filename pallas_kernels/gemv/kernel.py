@@ -177,3 +177,74 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
         name="gemv",
     )(xp, *weights)  # ([splits, Mp, N_i], ...)
     return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)
+
+
+def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o_ref, arrivals_ref, *,
+                     block_k: int, block_n: int, k_per_split: int, splits: int, y_dtype, interpret: bool):
+    # x_ref [Mp, K], w_ref [K, N], residual_ref [Mp, N] f32, arrivals [>= N / block_n] i32 (zeros, aliased);
+    # partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32: whole arrays. Program (j, s): split s of column block j.
+    del arrivals_in_ref  # the same buffer as arrivals_ref
+    j, s = pl.program_id(0), pl.program_id(1)
+    cols = pl.ds(j * block_n, block_n)
+    k0 = s * k_per_split
+
+    def body(i, acc):
+        rows = pl.ds(k0 + i * block_k, block_k)
+        return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)
+
+    acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], block_n), F32))
+    add = lambda y: residual_ref[:, cols] + y.astype(y_dtype).astype(F32)  # the projection rounded, then added
+    if splits == 1:
+        o_ref[:, cols] = add(acc)
+        return
+    partial_ref[s, :, cols] = acc
+    if not interpret:
+        plgpu.debug_barrier()  # every thread's part of the partial is stored before the arrival is counted
+    # Acquire-release at GPU scope: the partials stored before an arrival are visible to the last program.
+    arrived = plgpu.atomic_add(arrivals_ref, j, jnp.int32(1))
+
+    @pl.when(arrived == splits - 1)
+    def _last_split_sums():  # in split order, whichever program arrives last: the result does not vary
+        y = partial_ref[0, :, cols]
+        for t in range(1, splits):
+            y = y + partial_ref[t, :, cols]
+        o_ref[:, cols] = add(y)
+        arrivals_ref[j] = 0  # ready for the next launch that reads these counters
+
+
+@functools.partial(jax.jit, static_argnames=("y_dtype", "block_k", "block_n", "target_programs", "num_warps",
+                                             "num_stages", "interpret"))
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, y_dtype=None, *,
+             block_k: int = 128, block_n: int = 64, target_programs: int = 264, num_warps: int = 4,
+             num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> ([M, N]
+    fp32, arrivals), in one launch: the K-split that finishes a column block last sums the splits' partials and
+    adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode step).
+
+    ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
+    Tiles and splits as `gemv`'s.
+    """
+    m, k = x.shape
+    n = w.shape[1]
+    y_dtype = jnp.dtype(y_dtype or w.dtype)
+    block_k, (block_n,), splits = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=target_programs)
+    if arrivals.shape[0] < n // block_n:
+        raise ValueError(f"arrivals: need at least {n // block_n} counters, got {arrivals.shape[0]}")
+    padded = padded_rows(m)
+    xp = jnp.pad(x.astype(w.dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
+    rp = jnp.pad(residual.astype(F32), ((0, padded - m), (0, 0)))
+    kernel = functools.partial(_gemv_add_kernel, block_k=block_k, block_n=block_n, k_per_split=k // splits,
+                               splits=splits, y_dtype=y_dtype, interpret=interpret)
+    _, out, arrivals = pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32),
+                   jax.ShapeDtypeStruct(arrivals.shape, jnp.int32)),
+        grid=(n // block_n, splits),
+        in_specs=[pl.no_block_spec] * 4,
+        out_specs=(pl.no_block_spec,) * 3,
+        input_output_aliases={3: 2},
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        name="gemv_add",
+    )(xp, w, rp, arrivals.astype(jnp.int32))
+    return out[:m], arrivals

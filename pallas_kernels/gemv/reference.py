@@ -11,6 +11,12 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None) -> tuple[
                  for w in weights)
 
 
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array) -> jax.Array:
+    """residual + x w: x [..., K], w [K, N], residual [..., N] -> [..., N] fp32; the product rounded to w's dtype
+    first, as a projection's output is."""
+    return residual.astype(jnp.float32) + gemv(x, (w,))[0].astype(jnp.float32)
+
+
 def swiglu_product(gate: jax.Array, up: jax.Array) -> jax.Array:
     """silu(gate) * up rounded as HF's bf16 MLP rounds it: gate and up, then the SiLU, to the inputs' dtype,
     then the product. The roundings are `reduce_precision`s, which XLA keeps: a convert to bf16 and back it

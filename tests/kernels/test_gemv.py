@@ -1,7 +1,8 @@
 """The few-row matmul kernel against its reference: interpret mode on CPU, compiled when a GPU is present.
 
 Random bf16 inputs; row counts 1, 5, 16, 33 (padding to the 16/64-row tile); one weight and several of
-different widths sharing x; K-splits and column blocks that do and do not fill the grid. Tolerance: fp32
+different widths sharing x; K-splits and column blocks that do and do not fill the grid. `gemv_add` (the
+projection added to a residual, its K-splits summed in the launch) against its reference. Tolerance: fp32
 accumulation in both, only the summation order differs (rtol 1e-5, atol 1e-5 x the largest output); the
 bf16 output case within one bf16 ulp. The gate/up kernel with the SwiGLU product (`gemv_swiglu`) against
 the two projections and `swiglu_product`, which rounds as HF's bf16 MLP does.
@@ -14,7 +15,7 @@ import pytest
 
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
-from pallas_kernels.gemv import MAX_ROWS, gemv, gemv_swiglu
+from pallas_kernels.gemv import MAX_ROWS, gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.kernel import plan
 from pallas_kernels.gemv.reference import swiglu_product
 
@@ -54,6 +55,27 @@ def test_bf16_output_and_leading_axes():
     (want,) = gemv(x, weights, impl="reference")
     assert got.shape == (2, 3, 64) and got.dtype == jnp.bfloat16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("k, n, tuning", [
+    (256, 96, dict(block_k=32, block_n=32, target_programs=12)),  # 3 column blocks x 4 K-splits
+    (192, 64, dict(block_k=64, block_n=64, target_programs=1)),  # one program, no split
+    (512, 48, dict(block_k=64, block_n=64, target_programs=64)),  # 3 blocks of 16 columns x 8 splits
+])
+def test_add_matches_reference(rows, k, n, tuning):
+    """residual + x w with the K-splits summed by the last program of each column block, twice in a row on
+    the same counters (each call must leave them zeroed for the next)."""
+    x, (w,) = _inputs(rows + k, rows, k, (n,))
+    residual = jax.random.normal(jax.random.key(rows), (rows, n), jnp.float32)
+    arrivals = jnp.zeros(n // 16, jnp.int32)
+    want = gemv_add(x, w, residual, arrivals, impl="reference")[0]
+    scale = float(jnp.max(jnp.abs(want - residual)))  # the projection's size: one bf16 ulp of it may differ
+    for _ in range(2):
+        got, arrivals = gemv_add(x, w, residual, arrivals, impl=IMPL, **tuning)
+        assert got.shape == (rows, n) and got.dtype == jnp.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=2**-7 * scale)
+        np.testing.assert_array_equal(arrivals, 0)
 
 
 def test_plan_divides_and_fills():
