@@ -2,7 +2,8 @@
 # One size end to end on the GPU machine: start the server with random weights at the size's real shapes
 # (bf16), wait for the warm-up, run the serving sweep, stop the server, then the HF transformers baseline.
 #   OUT=out bash scripts/gpu/serve_bench.sh 9b [extra bench_serving.py flags]
-# C120=1 (with MAX_MODEL_LEN >= 4224) adds 120 concurrent 4096-token prompts against the same server.
+# C120=1 (with MAX_MODEL_LEN >= 4224) adds 120 concurrent 4096-token prompts against the same server; HF=0 skips
+# the baseline (a c=1 check: HF=0 OUT=out bash scripts/gpu/serve_bench.sh 9b --concurrency 1 --num-prompts 8).
 set -u
 SIZE=${1:?size: 0.8b 2b 4b 9b 27b}
 shift
@@ -26,4 +27,6 @@ if [ -n "${C120:-}" ]; then
     --prompt-len 4096 --num-prompts 120 --out "$OUT/c120_$SIZE.json" | tee "$OUT/c120_$SIZE.log"
 fi
 kill $server; wait $server 2> /dev/null
-python3 scripts/gpu/hf_baseline.py --size "$SIZE" --out "$OUT/hf_$SIZE.json" | tee "$OUT/hf_$SIZE.log"
+if [ "${HF:-1}" != 0 ]; then
+  python3 scripts/gpu/hf_baseline.py --size "$SIZE" --out "$OUT/hf_$SIZE.json" | tee "$OUT/hf_$SIZE.log"
+fi
