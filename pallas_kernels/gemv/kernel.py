@@ -56,6 +56,16 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
     return bk, bns, splits
 
 
+def _split_product(x_ref, w_ref, cols, k0, steps: int, block_k: int) -> jax.Array:
+    """x [Mp, K] times w's columns ``cols`` over rows k0 .. k0 + steps * block_k, in [block_k, bn] tiles
+    -> [Mp, bn] fp32."""
+    def body(i, acc):
+        rows = pl.ds(k0 + i * block_k, block_k)
+        return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)
+
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros((x_ref.shape[0], cols.size), F32))
+
+
 def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
     # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
@@ -69,12 +79,7 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
         @pl.when((j >= first) & (j < first + blocks))
         def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
             cols = pl.ds((j - first) * bn, bn)
-
-            def body(i, acc):
-                rows = pl.ds(k0 + i * block_k, block_k)
-                return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)  # [Mp, bn]
-
-            acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], bn), F32))
+            acc = _split_product(x_ref, w_ref, cols, k0, k_per_split // block_k, block_k)  # [Mp, bn]
             o_ref[s, :, cols] = acc.astype(o_ref.dtype)
 
         first += blocks
@@ -186,13 +191,7 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o
     del arrivals_in_ref  # the same buffer as arrivals_ref
     j, s = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(j * block_n, block_n)
-    k0 = s * k_per_split
-
-    def body(i, acc):
-        rows = pl.ds(k0 + i * block_k, block_k)
-        return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)
-
-    acc = jax.lax.fori_loop(0, k_per_split // block_k, body, jnp.zeros((x_ref.shape[0], block_n), F32))
+    acc = _split_product(x_ref, w_ref, cols, s * k_per_split, k_per_split // block_k, block_k)  # [Mp, bn]
     add = lambda y: residual_ref[:, cols] + y.astype(y_dtype).astype(F32)  # the projection rounded, then added
     if splits == 1:
         o_ref[:, cols] = add(acc)
@@ -246,5 +245,5 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv_add",
-    )(xp, w, rp, arrivals.astype(jnp.int32))
+    )(xp, w, rp, arrivals)
     return out[:m], arrivals

@@ -8,6 +8,7 @@ logit).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,8 @@ import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
 from hybrid_jax.config import preset
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.layers.linear import few_row_kernel
 
 
@@ -47,11 +50,6 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch):
     """The engine's steps add each output and down projection to the residual stream with `gemv_add` (tiles
     small enough here for 8 K-splits, summed by whichever program arrives last): the same greedy tokens as
     the XLA path, and the top alternatives' log-probabilities within bf16 rounding."""
-    import functools
-
-    from hybrid_jax.engine.engine import Engine, EngineConfig
-    from hybrid_jax.engine.sampling_params import SamplingParams
-
     config = dataclasses.replace(preset("tiny"), linear_num_value_heads=16, vocab_size=512)
     model = hybrid_jax.random_model(config, "bfloat16", seed=1)
     prompts = [[5, 17, 300, 41], list(range(100, 121))]
