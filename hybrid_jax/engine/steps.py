@@ -152,7 +152,8 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     positions, dtype)`` and ``linear_attention(gdn, h, pool, dtype)`` run a mixer from the padded normed
     stream h [rows, D] (positions padded too) over its layer's pool -> (its output projection's input
     [N or rows, ...], that projection, new pool). The output and down projections are added to the stream by
-    `add_projection` (one launch each on the few-row kernel: no separate sum-and-add).
+    `add_projection` (one launch each on the few-row kernel: no separate sum-and-add; the padding rows come
+    out zero there).
     Returns the final residual stream [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
@@ -169,9 +170,9 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
         else:
             y, out_proj, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
-        x, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals)
+        x, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals, real_rows=n)
         y = layer.mlp.hidden(layer.post_attention_layernorm(x, dtype))  # [rows, I]
-        x, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals)
+        x, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals, real_rows=n)
     return x[:n], new_layers
 
 

@@ -67,14 +67,14 @@ def arrival_counters(width: int) -> jax.Array:
     return jnp.zeros(width // 16, jnp.int32)
 
 
-def add_projection(residual: jax.Array, x: jax.Array, layer: Linear,
-                   arrivals: jax.Array) -> tuple[jax.Array, jax.Array]:
+def add_projection(residual: jax.Array, x: jax.Array, layer: Linear, arrivals: jax.Array,
+                   real_rows: int | None = None) -> tuple[jax.Array, jax.Array]:
     """residual [..., out] + layer(x) in fp32 (the projection rounded to the layer's dtype first), and the counters
     for the next call: inside `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits,
-    where the kernel runs."""
+    where the kernel runs; there rows past ``real_rows`` (padding) may come out zero."""
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if enabled and mesh is None:
-        return gemv_add(x, layer.kernel[...], residual, arrivals)
+        return gemv_add(x, layer.kernel[...], residual, arrivals, real_rows=real_rows)
     return residual + layer(x).astype(jnp.float32), arrivals
 
 

@@ -65,11 +65,12 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
-def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *, impl: Impl = "auto",
-             **tuning) -> tuple[jax.Array, jax.Array]:
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *, real_rows: int | None = None,
+             impl: Impl = "auto", **tuning) -> tuple[jax.Array, jax.Array]:
     """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> [..., N] fp32,
     in one launch on the kernel (`kernel.gemv_add`), and ``arrivals``: int32 zeros, at least N / 16, which the
-    kernel counts K-splits in and leaves zeroed; thread them from call to call (the references pass them on)."""
+    kernel counts K-splits in and leaves zeroed; thread them from call to call (the references pass them on).
+    ``real_rows``: the kernel computes only the first rows of x's flattened rows (the others come out zero)."""
     lead = x.shape[:-1]
     k, n = w.shape
     rows = x.reshape(-1, k)  # [M, K]
@@ -80,7 +81,8 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     if interpret is None:
         y = reference.gemv_add(rows, w, residual.reshape(-1, n))
     else:
-        y, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, interpret=interpret, **tuning)
+        y, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, real_rows, interpret=interpret,
+                                      **tuning)
     return y.reshape(*lead, n), arrivals
 
 

@@ -185,18 +185,23 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
 
 
 def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o_ref, arrivals_ref, *,
-                     block_k: int, block_n: int, k_per_split: int, splits: int, y_dtype, interpret: bool):
+                     block_k: int, block_n: int, k_per_split: int, splits: int, real_rows: int, y_dtype,
+                     interpret: bool):
     # x_ref [Mp, K], w_ref [K, N], residual_ref [Mp, N] f32, arrivals [>= N / block_n] i32 (zeros, aliased);
     # partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32: whole arrays. Program (j, s): split s of column block j.
     del arrivals_in_ref  # the same buffer as arrivals_ref
     j, s = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(j * block_n, block_n)
+    shape = (x_ref.shape[0], block_n)
+    real = jnp.broadcast_to(jax.lax.broadcasted_iota(jnp.int32, shape, 0) < real_rows, shape)  # [Mp, bn]
+    load = lambda view: plgpu.load(view, mask=real, other=jnp.zeros(shape, F32))  # padding rows: no traffic, zeros
     acc = _split_product(x_ref, w_ref, cols, s * k_per_split, k_per_split // block_k, block_k)  # [Mp, bn]
-    add = lambda y: residual_ref[:, cols] + y.astype(y_dtype).astype(F32)  # the projection rounded, then added
+    # The projection rounded to its dtype, then added; rows past the real ones come out zero.
+    add = lambda y: load(residual_ref.at[:, cols]) + jnp.where(real, y, 0.0).astype(y_dtype).astype(F32)
     if splits == 1:
         o_ref[:, cols] = add(acc)
         return
-    partial_ref[s, :, cols] = acc
+    plgpu.store(partial_ref.at[s, :, cols], acc, mask=real)
     if not interpret:
         plgpu.debug_barrier()  # every thread's part of the partial is stored before the arrival is counted
     # Acquire-release at GPU scope: the partials stored before an arrival are visible to the last program.
@@ -204,24 +209,25 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o
 
     @pl.when(arrived == splits - 1)
     def _last_split_sums():  # in split order, whichever program arrives last: the result does not vary
-        y = partial_ref[0, :, cols]
+        y = load(partial_ref.at[jnp.int32(0), :, cols])  # (an array index: interpret mode's masked load needs one)
         for t in range(1, splits):
-            y = y + partial_ref[t, :, cols]
+            y = y + load(partial_ref.at[jnp.int32(t), :, cols])
         o_ref[:, cols] = add(y)
         arrivals_ref[j] = 0  # ready for the next launch that reads these counters
 
 
-@functools.partial(jax.jit, static_argnames=("y_dtype", "block_k", "block_n", "target_programs", "num_warps",
-                                             "num_stages", "interpret"))
-def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, y_dtype=None, *,
-             block_k: int = 128, block_n: int = 64, target_programs: int = 264, num_warps: int = 4,
-             num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+@functools.partial(jax.jit, static_argnames=("real_rows", "y_dtype", "block_k", "block_n", "target_programs",
+                                             "num_warps", "num_stages", "interpret"))
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, real_rows: int | None = None,
+             y_dtype=None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
+             num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
     """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> ([M, N]
     fp32, arrivals), in one launch: the K-split that finishes a column block last sums the splits' partials and
     adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode step).
 
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
-    Tiles and splits as `gemv`'s.
+    ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
+    batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s.
     """
     m, k = x.shape
     n = w.shape[1]
@@ -233,7 +239,7 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     xp = jnp.pad(x.astype(w.dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
     rp = jnp.pad(residual.astype(F32), ((0, padded - m), (0, 0)))
     kernel = functools.partial(_gemv_add_kernel, block_k=block_k, block_n=block_n, k_per_split=k // splits,
-                               splits=splits, y_dtype=y_dtype, interpret=interpret)
+                               splits=splits, real_rows=min(m, real_rows or m), y_dtype=y_dtype, interpret=interpret)
     _, out, arrivals = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32),

@@ -78,6 +78,19 @@ def test_add_matches_reference(rows, k, n, tuning):
         np.testing.assert_array_equal(arrivals, 0)
 
 
+def test_add_computes_only_the_real_rows():
+    """A batch of 5 padded to the tile's 16 rows: the 5 as the reference, the padding rows zero."""
+    x, (w,) = _inputs(9, 16, 256, (96,))
+    residual = jax.random.normal(jax.random.key(9), (16, 96), jnp.float32)
+    arrivals = jnp.zeros(96 // 16, jnp.int32)
+    want = gemv_add(x, w, residual, arrivals, impl="reference")[0]
+    for tuning in (dict(block_k=32, block_n=32, target_programs=12), dict(target_programs=1)):
+        got, arrivals = gemv_add(x, w, residual, arrivals, real_rows=5, impl=IMPL, **tuning)
+        np.testing.assert_allclose(got[:5], want[:5], rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(want - residual))))
+        np.testing.assert_array_equal(got[5:], 0)
+        np.testing.assert_array_equal(arrivals, 0)
+
+
 def test_plan_divides_and_fills():
     assert plan(3584, (1024,), block_k=128, block_n=128, target_programs=264) == (128, (128,), 28)
     bk, bns, splits = plan(4096, (12288, 12288), block_k=128, block_n=128, target_programs=264)
