@@ -143,7 +143,8 @@ def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
     return a if a.shape[0] == rows else jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
 
-def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_attention, linear_attention):
+def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_attention, linear_attention, *,
+                    defer_norms: bool = False):
     """The layer loop both steps share. x [N, D] fp32 residual stream of N tokens, positions [N].
 
     The stream runs padded with zero rows to the rows the few-row kernel multiplies (`padded_rows`), so the
@@ -153,7 +154,8 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     stream h [rows, D] (positions padded too) over its layer's pool -> (its output projection's input
     [N or rows, ...], that projection, new pool). The output and down projections are added to the stream by
     `add_projection` (one launch each on the few-row kernel: no separate sum-and-add; the padding rows come
-    out zero there).
+    out zero there). ``defer_norms``: the norms after those adds reach the mixers and the MLP as `NormedRows`
+    (applied by the projections that read them, as they load), so the mixers must only project h.
     Returns the final residual stream [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
@@ -161,18 +163,23 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     x = _pad_rows(x, rows)  # [rows, D]
     padded_positions = _pad_rows(positions, rows)  # [rows]
     arrivals = arrival_counters(x.shape[-1])
+    sums = None  # [J, rows]: partial sums of squares of the stream's rows, from the last add
+
+    def normed(norm, x, sums, dtype):  # the stream x through ``norm`` -> h [rows, D] or its NormedRows
+        return norm(x, dtype) if sums is None or not defer_norms else norm.deferred(x, sums)
+
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
-        h = layer.input_layernorm(x, dtype)  # [rows, D]
+        h = normed(layer.input_layernorm, x, sums, dtype)
         if layer.is_attention:
             y, out_proj, pool = full_attention(layer.self_attn, h, pool, padded_positions, dtype)
         else:
             y, out_proj, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
-        x, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals, real_rows=n)
-        y = layer.mlp.hidden(layer.post_attention_layernorm(x, dtype))  # [rows, I]
-        x, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals, real_rows=n)
+        x, sums, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals, real_rows=n)
+        y = layer.mlp.hidden(normed(layer.post_attention_layernorm, x, sums, dtype))  # [rows, I]
+        x, sums, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals, real_rows=n)
     return x[:n], new_layers
 
 
@@ -253,7 +260,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         # After the projections: one launch for the q/k norms, RoPE and the K/V write, then the attention and
         # one more for its split combine and the gate, written as the output projection's padded rows.
         qg, k, v = attn.projections(h)  # [rows, Hq * 2 hd], [rows, Hkv * hd] x 2
-        cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, h.dtype)  # [rows, r]
+        cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, dtype)  # [rows, r]
         q, k_pages, v_pages = decode_attention_inputs(
             qg, k, v, cos, sin, attn.q_norm.weight[...], attn.k_norm.weight[...], slot_mapping, pool["k"],
             pool["v"], num_q_heads=attn.num_heads, eps=attn.q_norm.eps)  # q [B, Hq, hd]; both norms' eps: the config's
@@ -282,7 +289,8 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
         return gdn.gated(o, z), gdn.out_proj, {"conv": conv_pool, "state": state_pool}
 
     x = model.embed_tokens(batch.tokens).astype(F32)  # [B, D]
-    x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention)
+    x, new_layers = _decoder_layers(model, pools, x, batch.positions, full_attention, linear_attention,
+                                    defer_norms=kernels.mesh is None)
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],

@@ -11,6 +11,7 @@ from hybrid_jax.layers.linear import Linear, project
 from hybrid_jax.layers.norm import RMSNorm
 from hybrid_jax.layers.rope import apply_rope, rope_cos_sin
 from hybrid_jax.ops.attention import dense_causal_attention
+from pallas_kernels.gemv import NormedRows
 
 
 def attention_gate(o: jax.Array, gate: jax.Array) -> jax.Array:
@@ -35,7 +36,7 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
-    def projections(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def projections(self, x: jax.Array | NormedRows) -> tuple[jax.Array, jax.Array, jax.Array]:
         """x [..., D] -> qg [..., Hq * 2 hd] (per head: query, then gate), k, v [..., Hkv * hd]: one launch."""
         return project(x, (self.q_proj, self.k_proj, self.v_proj))
 

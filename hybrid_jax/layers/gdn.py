@@ -15,6 +15,7 @@ from hybrid_jax.config import Qwen35Config
 from hybrid_jax.layers.linear import Linear, project
 from hybrid_jax.layers.norm import GatedRMSNorm
 from hybrid_jax.ops import gated_delta
+from pallas_kernels.gemv import NormedRows
 
 F32 = jnp.float32
 L2_EPS = 1e-6
@@ -66,10 +67,10 @@ class GatedDeltaNet(nnx.Module):
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps)
         self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
 
-    def in_projections(self, x: jax.Array):
+    def in_projections(self, x: jax.Array | NormedRows):
         """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] logits, all fp32."""
         mixed, z, b, a = project(x, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a), F32)
-        return mixed, z.reshape(*x.shape[:-1], self.num_v_heads, self.v_dim), b, a
+        return mixed, z.reshape(*z.shape[:-1], self.num_v_heads, self.v_dim), b, a
 
     def heads(self, conv_out: jax.Array):
         """conv_out [..., C] fp32 (before SiLU) -> q, k [..., Hk, dk] normalised (q scaled), v [..., Hv, dv] fp32."""

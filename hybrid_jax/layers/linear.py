@@ -1,7 +1,8 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
 input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh);
 `swiglu`: the MLP's gate/up pair and its product, fused there too where the kernel is tuned for the shape;
-`add_projection`: a projection added to the residual stream, its K-splits summed in the same launch there."""
+`add_projection`: a projection added to the residual stream, its K-splits summed in the same launch there, with
+the sums of squares from which the next projection applies the following RMS norm as it loads (`NormedRows`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.sharding import TP
-from pallas_kernels.gemv import gemv, gemv_add, gemv_swiglu
+from pallas_kernels.gemv import NormedRows, gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.reference import gemv as xla_gemv
 from pallas_kernels.gemv.reference import swiglu_product
 
@@ -50,10 +51,13 @@ class Linear(nnx.Module):
         return project(x, (self,), out_dtype)[0]
 
 
-def project(x: jax.Array, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
-    """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation."""
+def project(x: jax.Array | NormedRows, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
+    """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation.
+    `NormedRows`: its normed rows in the layers' dtype (normed as the kernel loads them, where it runs)."""
     weights = tuple(layer.kernel[...] for layer in layers)
     enabled, mesh = _FEW_ROW_KERNEL.get()
+    if isinstance(x, NormedRows) and not (enabled and mesh is None):
+        x = x.normalized(weights[0].dtype)
     if not enabled:
         return xla_gemv(x, weights, out_dtype)
     if mesh is None:
@@ -68,19 +72,21 @@ def arrival_counters(width: int) -> jax.Array:
 
 
 def add_projection(residual: jax.Array, x: jax.Array, layer: Linear, arrivals: jax.Array,
-                   real_rows: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """residual [..., out] + layer(x) in fp32 (the projection rounded to the layer's dtype first), and the counters
-    for the next call: inside `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits,
-    where the kernel runs; there rows past ``real_rows`` (padding) may come out zero."""
+                   real_rows: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """residual [M, out] + layer(x) in fp32 (the projection rounded to the layer's dtype first) -> (that sum, its
+    rows' partial sums of squares [J, M] for a `NormedRows` of it, the counters for the next call): inside
+    `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits, where the kernel runs;
+    there rows past ``real_rows`` (padding) may come out zero."""
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if enabled and mesh is None:
         return gemv_add(x, layer.kernel[...], residual, arrivals, real_rows=real_rows)
-    return residual + layer(x).astype(jnp.float32), arrivals
+    out = residual + layer(x).astype(jnp.float32)
+    return out, jnp.sum(out * out, axis=-1)[None], arrivals
 
 
-def swiglu(x: jax.Array, gate: Linear, up: Linear) -> jax.Array:
+def swiglu(x: jax.Array | NormedRows, gate: Linear, up: Linear) -> jax.Array:
     """silu(gate(x)) * up(x) [..., N] rounded as HF's MLP rounds it; one fused launch inside `few_row_kernel()`
-    (no mesh)."""
+    (no mesh). x as `project`'s."""
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if enabled and mesh is None:
         return gemv_swiglu(x, gate.kernel[...], up.kernel[...])

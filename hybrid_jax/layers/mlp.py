@@ -6,6 +6,7 @@ import jax
 from flax import nnx
 
 from hybrid_jax.layers.linear import Linear, swiglu
+from pallas_kernels.gemv import NormedRows
 
 
 class MLP(nnx.Module):
@@ -14,7 +15,7 @@ class MLP(nnx.Module):
         self.up_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
         self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
 
-    def hidden(self, x: jax.Array) -> jax.Array:  # [..., D] -> the down projection's input [..., I]
+    def hidden(self, x: jax.Array | NormedRows) -> jax.Array:  # [..., D] -> the down projection's input [..., I]
         return swiglu(x, self.gate_proj, self.up_proj)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]

@@ -1,12 +1,15 @@
 """A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch;
 the MLP's gate/up pair with the SwiGLU product fused (`gemv_swiglu`); and one projection added to the residual
-stream (`gemv_add`).
+stream (`gemv_add`), which also sums the new stream's squares so that the next `gemv` / `gemv_swiglu` applies
+the RMS norm as it loads its input (`NormedRows`) in place of a launch of its own.
 
 `impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
 it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
 forces the compiled kernel for all, "interpret" the kernel in Pallas interpret mode (CPU tests), "reference"
 the reference. Leading axes of x are flattened into rows.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +19,34 @@ from pallas_kernels.gemv import kernel, reference
 
 MAX_ROWS = 64  # more rows: a tensor-core GEMM streams the weights as well
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+@dataclasses.dataclass(frozen=True)
+class NormedRows:
+    """The zero-centred RMS norm of x's rows, not yet applied: `gemv` and `gemv_swiglu` apply it as their kernel
+    loads x (`reference.rms_norm_from_sums`), and XLA where they do not run it (`normalized`).
+
+    x [..., K] fp32 (the residual stream); sums [J, M] fp32: partial sums of squares of x's M rows over any J
+    column blocks (`gemv_add`'s); weight [K] and eps: the norm's.
+    """
+    x: jax.Array
+    sums: jax.Array
+    weight: jax.Array
+    eps: float
+
+    def normalized(self, dtype) -> jax.Array:
+        """The normed rows [..., K] in ``dtype``."""
+        rows = self.x.reshape(-1, self.x.shape[-1])
+        return reference.rms_norm_from_sums(rows, self.sums, self.weight, self.eps, dtype).reshape(self.x.shape)
+
+
+def _split_norm(x: jax.Array | NormedRows) -> tuple[jax.Array, NormedRows | None]:
+    return (x.x, x) if isinstance(x, NormedRows) else (x, None)
+
+
+def _kernel_norm(norm: NormedRows | None) -> tuple:
+    """The kernels' ``norm`` and ``eps`` arguments."""
+    return () if norm is None else ((norm.sums, norm.weight), norm.eps)
 
 
 def _unsupported(rows: int, k: int, w: jax.Array, dtype) -> str | None:
@@ -40,11 +71,12 @@ def padded_rows(rows: int) -> int:
     return kernel.padded_rows(rows) if runs_kernel(rows) else rows
 
 
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: Impl = "auto",
+def gemv(x: jax.Array | NormedRows, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: Impl = "auto",
          **tuning) -> tuple[jax.Array, ...]:
     """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: the weight's dtype),
-    accumulated in fp32."""
+    accumulated in fp32. x as `NormedRows`: its normed rows, rounded to the weights' dtype."""
     weights = tuple(weights)
+    x, norm = _split_norm(x)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
     reasons = [_unsupported(rows.shape[0], x.shape[-1], w, weights[0].dtype) for w in weights]
@@ -55,20 +87,22 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: 
         suited = [True] * len(weights)
         reason = next((r for r in reasons if r is not None), None)
     interpret = kernel_mode("gemv", impl, reason)
+    normed = lambda: rows if norm is None else norm.normalized(weights[0].dtype).reshape(rows.shape)  # [M, K]
     if interpret is None:
-        ys = reference.gemv(rows, weights, out_dtype)
+        ys = reference.gemv(normed(), weights, out_dtype)
     else:
         on_kernel = iter(kernel.gemv(rows, tuple(w for w, ok in zip(weights, suited, strict=True) if ok),
-                                     out_dtype, interpret=interpret, **tuning))
-        ys = tuple(next(on_kernel) if ok else reference.gemv(rows, (w,), out_dtype)[0]
+                                     out_dtype, *_kernel_norm(norm), interpret=interpret, **tuning))
+        ys = tuple(next(on_kernel) if ok else reference.gemv(normed(), (w,), out_dtype)[0]
                    for w, ok in zip(weights, suited, strict=True))
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
 def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *, real_rows: int | None = None,
-             impl: Impl = "auto", **tuning) -> tuple[jax.Array, jax.Array]:
-    """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> [..., N] fp32,
-    in one launch on the kernel (`kernel.gemv_add`), and ``arrivals``: int32 zeros, at least N / 16, which the
+             impl: Impl = "auto", **tuning) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> (out [..., N]
+    fp32, sums, arrivals), in one launch on the kernel (`kernel.gemv_add`). ``sums`` [J, M]: partial sums of
+    squares of out's M rows, for a `NormedRows` of out. ``arrivals``: int32 zeros, at least N / 16, which the
     kernel counts K-splits in and leaves zeroed; thread them from call to call (the references pass them on).
     ``real_rows``: the kernel computes only the first rows of x's flattened rows (the others come out zero)."""
     lead = x.shape[:-1]
@@ -79,19 +113,22 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
         reason = f"arrivals: {arrivals.shape[0]} counters, need {n // 16}"
     interpret = kernel_mode("gemv_add", impl, reason)
     if interpret is None:
-        y = reference.gemv_add(rows, w, residual.reshape(-1, n))
+        y, sums = reference.gemv_add(rows, w, residual.reshape(-1, n))
     else:
-        y, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, real_rows, interpret=interpret,
-                                      **tuning)
-    return y.reshape(*lead, n), arrivals
+        y, sums, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, real_rows,
+                                            interpret=interpret, **tuning)
+    return y.reshape(*lead, n), sums, arrivals
 
 
-def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl = "auto", **tuning) -> jax.Array:
-    """silu(x w_gate) * (x w_up): x [..., K], w_gate / w_up [K, N] -> [..., N] in the weights' dtype, each
-    projection rounded to that dtype before the product (`reference.swiglu_product`).
+def gemv_swiglu(x: jax.Array | NormedRows, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl = "auto",
+                **tuning) -> jax.Array:
+    """silu(x w_gate) * (x w_up): x [..., K] (or `NormedRows`, as `gemv`'s), w_gate / w_up [K, N] -> [..., N] in
+    the weights' dtype, each projection rounded to that dtype before the product (`reference.swiglu_product`).
 
     "auto" fuses on a GPU only for shapes with a measured tuning (`kernel.SWIGLU_TUNING`) and at most
     `kernel.SWIGLU_MAX_ROWS` rows; otherwise it runs `gemv` ("auto") and the product."""
+    given = x
+    x, norm = _split_norm(x)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])  # [M, K]
     k, n = w_gate.shape
@@ -104,10 +141,10 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl 
         reason = f"{rows.shape[0]} rows > {kernel.SWIGLU_MAX_ROWS}"
     interpret = kernel_mode("gemv_swiglu", impl, reason)
     if interpret is None:
-        y = reference.swiglu_product(*gemv(rows, (w_gate, w_up), impl=impl))
+        y = reference.swiglu_product(*gemv(given, (w_gate, w_up), impl=impl))
     else:
-        y = kernel.gemv_swiglu(rows, w_gate, w_up, interpret=interpret, **tuning)
+        y = kernel.gemv_swiglu(rows, w_gate, w_up, *_kernel_norm(norm), interpret=interpret, **tuning)
     return y.reshape(*lead, n)
 
 
-__all__ = ["Impl", "MAX_ROWS", "gemv", "gemv_add", "gemv_swiglu", "padded_rows", "runs_kernel"]
+__all__ = ["Impl", "MAX_ROWS", "NormedRows", "gemv", "gemv_add", "gemv_swiglu", "padded_rows", "runs_kernel"]

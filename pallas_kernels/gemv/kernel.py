@@ -56,20 +56,33 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
     return bk, bns, splits
 
 
-def _split_product(x_ref, w_ref, cols, k0, steps: int, block_k: int) -> jax.Array:
-    """x [Mp, K] times w's columns ``cols`` over rows k0 .. k0 + steps * block_k, in [block_k, bn] tiles
-    -> [Mp, bn] fp32."""
+def _split_product(load_x, m: int, w_ref, cols, k0, steps: int, block_k: int) -> jax.Array:
+    """x [m, K] (``load_x(rows)`` -> its columns ``rows`` in w's dtype) times w's columns ``cols`` over rows
+    k0 .. k0 + steps * block_k, in [block_k, bn] tiles -> [m, bn] fp32."""
     def body(i, acc):
         rows = pl.ds(k0 + i * block_k, block_k)
-        return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)
+        return acc + jnp.dot(load_x(rows), w_ref[rows, cols], preferred_element_type=F32)
 
-    return jax.lax.fori_loop(0, steps, body, jnp.zeros((x_ref.shape[0], cols.size), F32))
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros((m, cols.size), F32))
 
 
-def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int):
-    # x_ref [Mp, K]; refs: weights [K, N_i] ..., then outputs [splits, Mp, N_i] ...: whole arrays.
+def _x_loader(x_ref, norm_refs, eps: float | None, dtype):
+    """``rows`` -> x_ref's columns ``rows`` [Mp, len] in ``dtype``: as stored, or (``norm_refs`` = (sums [Jp, Mp]
+    fp32, weight [K])) the fp32 rows zero-centred-RMS-normalised as `reference.rms_norm_from_sums` does."""
+    if norm_refs is None:
+        return lambda rows: x_ref[:, rows].astype(dtype)
+    sums_ref, weight_ref = norm_refs
+    scale = jax.lax.rsqrt(jnp.sum(sums_ref[...], axis=0) / x_ref.shape[1] + eps)[:, None]  # [Mp, 1]
+    return lambda rows: (x_ref[:, rows] * scale * (1.0 + weight_ref[rows].astype(F32))[None, :]).astype(dtype)
+
+
+def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int, eps: float | None):
+    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp] and weight [K]), weights [K, N_i] ..., then
+    # outputs [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
+    norm_refs, refs = (refs[:2], refs[2:]) if eps is not None else (None, refs)
     w_refs, o_refs = refs[:num], refs[num:]
+    load_x = _x_loader(x_ref, norm_refs, eps, w_refs[0].dtype)
     j, s = pl.program_id(0), pl.program_id(1)
     k0 = s * k_per_split
     first = 0
@@ -79,20 +92,23 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
         @pl.when((j >= first) & (j < first + blocks))
         def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
             cols = pl.ds((j - first) * bn, bn)
-            acc = _split_product(x_ref, w_ref, cols, k0, k_per_split // block_k, block_k)  # [Mp, bn]
-            o_ref[s, :, cols] = acc.astype(o_ref.dtype)
+            acc = _split_product(load_x, x_ref.shape[0], w_ref, cols, k0, k_per_split // block_k, block_k)
+            o_ref[s, :, cols] = acc.astype(o_ref.dtype)  # [Mp, bn]
 
         first += blocks
 
 
-def _swiglu_kernel(x_ref, gate_ref, up_ref, o_ref, *, block_k: int, block_n: int):
-    # x_ref [Mp, K], gate_ref / up_ref [K, N], o_ref [Mp, N]: whole arrays; program j owns columns j.
+def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
+    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp] and weight [K]), gate / up [K, N], out [Mp, N]:
+    # whole arrays; program j owns columns j.
+    norm_refs, (gate_ref, up_ref, o_ref) = (refs[:2], refs[2:]) if eps is not None else (None, refs)
+    load_x = _x_loader(x_ref, norm_refs, eps, gate_ref.dtype)
     cols = pl.ds(pl.program_id(0) * block_n, block_n)
 
     def body(i, acc):
         gate, up = acc
         rows = pl.ds(i * block_k, block_k)
-        x = x_ref[:, rows]
+        x = load_x(rows)
         return (gate + jnp.dot(x, gate_ref[rows, cols], preferred_element_type=F32),
                 up + jnp.dot(x, up_ref[rows, cols], preferred_element_type=F32))
 
@@ -114,10 +130,12 @@ SWIGLU_DEFAULT = (128, 4, 3)
 SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overflow shared memory
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "block_n", "num_warps", "num_stages", "interpret"))
-def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, block_k: int = 128, block_n: int | None = None,
+@functools.partial(jax.jit, static_argnames=("eps", "block_k", "block_n", "num_warps", "num_stages", "interpret"))
+def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, norm: tuple[jax.Array, jax.Array] | None = None,
+                eps: float | None = None, *, block_k: int = 128, block_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None, interpret: bool = False) -> jax.Array:
     """silu(x w_gate) * (x w_up): x [M, K], w_gate / w_up [K, N] (one dtype) -> [M, N] in the weights' dtype.
+    ``norm``, ``eps``: as `gemv`'s.
 
     Tiles default to `SWIGLU_TUNING`'s for this (K, N), else `SWIGLU_DEFAULT`; block_k / block_n shrink to
     powers of two dividing K / N.
@@ -129,17 +147,17 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, *, block_k: in
                                       zip((block_n, num_warps, num_stages), tuned, strict=True))
     block_k, (block_n,), _ = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=1)
     padded = padded_rows(m)
-    xp = jnp.pad(x.astype(w_gate.dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
+    xp, norm_operands = _operands(x, w_gate.dtype, norm, padded)
     out = pl.pallas_call(
-        functools.partial(_swiglu_kernel, block_k=block_k, block_n=block_n),
+        functools.partial(_swiglu_kernel, block_k=block_k, block_n=block_n, eps=None if norm is None else eps),
         out_shape=jax.ShapeDtypeStruct((padded, n), w_gate.dtype),
         grid=(n // block_n,),
-        in_specs=[pl.no_block_spec] * 3,
+        in_specs=[pl.no_block_spec] * (3 + len(norm_operands)),
         out_specs=pl.no_block_spec,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv_swiglu",
-    )(xp, w_gate, w_up)  # [Mp, N]
+    )(xp, *norm_operands, w_gate, w_up)  # [Mp, N]
     return out[:m]
 
 
@@ -148,13 +166,30 @@ def padded_rows(m: int) -> int:
     return max(MIN_ROWS, 1 << (m - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "block_k", "block_n", "target_programs", "num_warps",
-                                             "num_stages", "interpret"))
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_k: int = 128, block_n: int = 64,
-         target_programs: int = 264, num_warps: int = 4, num_stages: int = 4,
-         interpret: bool = False) -> tuple[jax.Array, ...]:
+def _operands(x: jax.Array, dtype, norm: tuple[jax.Array, jax.Array] | None, padded: int):
+    """x padded to ``padded`` rows, in ``dtype`` (fp32 under a norm), and the norm's operands: its sums [Jp, Mp]
+    (padded with zeros to a power of two of blocks, a Triton load's shape) and weight [K]. The pads are no-ops
+    where the caller's arrays come padded (`gemv_add`'s do)."""
+    m = x.shape[0]
+    if norm is None:
+        return jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0))), ()
+    sums, weight = norm
+    blocks = sums.shape[0]
+    sums = jnp.pad(sums.astype(F32), ((0, (1 << (blocks - 1).bit_length()) - blocks), (0, padded - sums.shape[1])))
+    return jnp.pad(x.astype(F32), ((0, padded - m), (0, 0))), (sums, weight)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
+                                             "num_warps", "num_stages", "interpret"))
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, norm: tuple[jax.Array, jax.Array] | None = None,
+         eps: float | None = None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
+         num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, ...]:
     """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
     ``out_dtype`` (default: the weights' dtype).
+
+    ``norm`` = (sums [J, M] fp32, weight [K]): x is the fp32 residual stream and what multiplies is its
+    zero-centred RMS norm (``eps``), applied as each tile of x is loaded (`reference.rms_norm_from_sums`):
+    the norm's own launch is saved. ``sums``: partial sums of squares of x's rows (`gemv_add` writes them).
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
     K-splits aim at (~2 programs per SM of the H200's 132). The defaults were the best over the 9B and 27B
@@ -167,39 +202,51 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, *, block_
     out_dtype = jnp.dtype(out_dtype or dtype)
     block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
     padded = padded_rows(m)
-    xp = jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
+    xp, norm_operands = _operands(x, dtype, norm, padded)
     partial_dtype = out_dtype if splits == 1 else F32
-    kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits)
+    kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits,
+                               eps=None if norm is None else eps)
     col_blocks = sum(n // bn for n, bn in zip(widths, block_ns, strict=True))
     partials = pl.pallas_call(
         kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((splits, padded, n), partial_dtype) for n in widths),
         grid=(col_blocks, splits),
-        in_specs=[pl.no_block_spec] * (1 + len(weights)),
+        in_specs=[pl.no_block_spec] * (1 + len(norm_operands) + len(weights)),
         out_specs=(pl.no_block_spec,) * len(weights),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv",
-    )(xp, *weights)  # ([splits, Mp, N_i], ...)
+    )(xp, *norm_operands, *weights)  # ([splits, Mp, N_i], ...)
     return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)
 
 
-def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o_ref, arrivals_ref, *,
+def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o_ref, sums_ref, arrivals_ref, *,
                      block_k: int, block_n: int, k_per_split: int, splits: int, real_rows: int, y_dtype,
                      interpret: bool):
     # x_ref [Mp, K], w_ref [K, N], residual_ref [Mp, N] f32, arrivals [>= N / block_n] i32 (zeros, aliased);
-    # partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32: whole arrays. Program (j, s): split s of column block j.
+    # partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32, sums_ref [Jp, Mp] f32 (J = N / block_n column blocks,
+    # Jp a power of two): whole arrays. Program (j, s): split s of column block j.
     del arrivals_in_ref  # the same buffer as arrivals_ref
     j, s = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(j * block_n, block_n)
     shape = (x_ref.shape[0], block_n)
     real = jnp.broadcast_to(jax.lax.broadcasted_iota(jnp.int32, shape, 0) < real_rows, shape)  # [Mp, bn]
     load = lambda view: plgpu.load(view, mask=real, other=jnp.zeros(shape, F32))  # padding rows: no traffic, zeros
-    acc = _split_product(x_ref, w_ref, cols, s * k_per_split, k_per_split // block_k, block_k)  # [Mp, bn]
-    # The projection rounded to its dtype, then added; rows past the real ones come out zero.
-    add = lambda y: load(residual_ref.at[:, cols]) + jnp.where(real, y, 0.0).astype(y_dtype).astype(F32)
+    acc = _split_product(lambda rows: x_ref[:, rows], shape[0], w_ref, cols, s * k_per_split,
+                         k_per_split // block_k, block_k)  # [Mp, bn]
+
+    def finish(y):  # y [Mp, bn]: the block's projection; rows past the real ones come out zero
+        out = load(residual_ref.at[:, cols]) + jnp.where(real, y, 0.0).astype(y_dtype).astype(F32)  # rounded, added
+        o_ref[:, cols] = out
+        sums_ref[j, :] = jnp.sum(out * out, axis=1)  # the next norm's share from this block
+        blocks = o_ref.shape[1] // block_n
+
+        @pl.when(j < sums_ref.shape[0] - blocks)
+        def _zero_padding_block():
+            sums_ref[blocks + j, :] = jnp.zeros(shape[:1], F32)
+
     if splits == 1:
-        o_ref[:, cols] = add(acc)
+        finish(acc)
         return
     plgpu.store(partial_ref.at[s, :, cols], acc, mask=real)
     if not interpret:
@@ -212,7 +259,7 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o
         y = load(partial_ref.at[jnp.int32(0), :, cols])  # (an array index: interpret mode's masked load needs one)
         for t in range(1, splits):
             y = y + load(partial_ref.at[jnp.int32(t), :, cols])
-        o_ref[:, cols] = add(y)
+        finish(y)
         arrivals_ref[j] = 0  # ready for the next launch that reads these counters
 
 
@@ -220,10 +267,13 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o
                                              "num_warps", "num_stages", "interpret"))
 def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, real_rows: int | None = None,
              y_dtype=None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
-             num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
-    """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> ([M, N]
-    fp32, arrivals), in one launch: the K-split that finishes a column block last sums the splits' partials and
-    adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode step).
+             num_warps: int = 4, num_stages: int = 4,
+             interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> (out
+    [M, N] fp32, sums, arrivals), in one launch: the K-split that finishes a column block last sums the splits'
+    partials and adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode step).
+    ``sums`` [Jp, M] fp32: out's rows' sums of squares over each of the J column blocks (zero rows up to a power
+    of two), from which the next `gemv` / `gemv_swiglu` normalises out as it loads it (their ``norm``).
 
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
     ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
@@ -240,16 +290,18 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     rp = jnp.pad(residual.astype(F32), ((0, padded - m), (0, 0)))
     kernel = functools.partial(_gemv_add_kernel, block_k=block_k, block_n=block_n, k_per_split=k // splits,
                                splits=splits, real_rows=min(m, real_rows or m), y_dtype=y_dtype, interpret=interpret)
-    _, out, arrivals = pl.pallas_call(
+    blocks = n // block_n
+    _, out, sums, arrivals = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32),
+                   jax.ShapeDtypeStruct((1 << (blocks - 1).bit_length(), padded), F32),
                    jax.ShapeDtypeStruct(arrivals.shape, jnp.int32)),
-        grid=(n // block_n, splits),
+        grid=(blocks, splits),
         in_specs=[pl.no_block_spec] * 4,
-        out_specs=(pl.no_block_spec,) * 3,
-        input_output_aliases={3: 2},
+        out_specs=(pl.no_block_spec,) * 4,
+        input_output_aliases={3: 3},
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv_add",
     )(xp, w, rp, arrivals)
-    return out[:m], arrivals
+    return out[:m], sums[:, :m], arrivals

@@ -5,7 +5,8 @@ different widths sharing x; K-splits and column blocks that do and do not fill t
 projection added to a residual, its K-splits summed in the launch) against its reference. Tolerance: fp32
 accumulation in both, only the summation order differs (rtol 1e-5, atol 1e-5 x the largest output); the
 bf16 output case within one bf16 ulp. The gate/up kernel with the SwiGLU product (`gemv_swiglu`) against
-the two projections and `swiglu_product`, which rounds as HF's bf16 MLP does.
+the two projections and `swiglu_product`, which rounds as HF's bf16 MLP does. Both with the RMS norm applied
+as they load x (`NormedRows`, from sums of squares over column blocks) against the reference on the normed rows.
 """
 
 import jax
@@ -15,7 +16,7 @@ import pytest
 
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
-from pallas_kernels.gemv import MAX_ROWS, gemv, gemv_add, gemv_swiglu
+from pallas_kernels.gemv import MAX_ROWS, NormedRows, gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.kernel import plan
 from pallas_kernels.gemv.reference import swiglu_product
 
@@ -65,30 +66,74 @@ def test_bf16_output_and_leading_axes():
 ])
 def test_add_matches_reference(rows, k, n, tuning):
     """residual + x w with the K-splits summed by the last program of each column block, twice in a row on
-    the same counters (each call must leave them zeroed for the next)."""
+    the same counters (each call must leave them zeroed for the next); the sums of squares of its rows."""
     x, (w,) = _inputs(rows + k, rows, k, (n,))
     residual = jax.random.normal(jax.random.key(rows), (rows, n), jnp.float32)
     arrivals = jnp.zeros(n // 16, jnp.int32)
-    want = gemv_add(x, w, residual, arrivals, impl="reference")[0]
+    want, want_sums, _ = gemv_add(x, w, residual, arrivals, impl="reference")
     scale = float(jnp.max(jnp.abs(want - residual)))  # the projection's size: one bf16 ulp of it may differ
     for _ in range(2):
-        got, arrivals = gemv_add(x, w, residual, arrivals, impl=IMPL, **tuning)
+        got, sums, arrivals = gemv_add(x, w, residual, arrivals, impl=IMPL, **tuning)
         assert got.shape == (rows, n) and got.dtype == jnp.float32
         np.testing.assert_allclose(got, want, rtol=0, atol=2**-7 * scale)
+        np.testing.assert_allclose(jnp.sum(sums, axis=0), want_sums[0], rtol=2**-7)
         np.testing.assert_array_equal(arrivals, 0)
 
 
 def test_add_computes_only_the_real_rows():
-    """A batch of 5 padded to the tile's 16 rows: the 5 as the reference, the padding rows zero."""
+    """A batch of 5 padded to the tile's 16 rows: the 5 as the reference, the padding rows zero. 96 columns in
+    32-column blocks: the sums of squares come in 3 blocks padded with a zero one to 4."""
     x, (w,) = _inputs(9, 16, 256, (96,))
     residual = jax.random.normal(jax.random.key(9), (16, 96), jnp.float32)
     arrivals = jnp.zeros(96 // 16, jnp.int32)
-    want = gemv_add(x, w, residual, arrivals, impl="reference")[0]
-    for tuning in (dict(block_k=32, block_n=32, target_programs=12), dict(target_programs=1)):
-        got, arrivals = gemv_add(x, w, residual, arrivals, real_rows=5, impl=IMPL, **tuning)
+    want, want_sums, _ = gemv_add(x, w, residual, arrivals, impl="reference")
+    for tuning in (dict(block_k=32, block_n=32, target_programs=12), dict(block_n=32, target_programs=1)):
+        got, sums, arrivals = gemv_add(x, w, residual, arrivals, real_rows=5, impl=IMPL, **tuning)
         np.testing.assert_allclose(got[:5], want[:5], rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(want - residual))))
         np.testing.assert_array_equal(got[5:], 0)
+        assert sums.shape == (4, 16)
+        np.testing.assert_allclose(jnp.sum(sums[:, :5], axis=0), want_sums[0, :5], rtol=2**-7)
+        np.testing.assert_array_equal(sums[:, 5:], 0)
+        np.testing.assert_array_equal(sums[3], 0)
         np.testing.assert_array_equal(arrivals, 0)
+
+
+def _normed_rows(seed, rows, k, blocks):
+    """A residual stream x [rows, K] fp32 as `NormedRows` with its sums of squares over ``blocks`` column blocks
+    and a norm weight near zero (the zero-centred norm's), and the normed rows in bf16 as the model's norm
+    computes them."""
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (rows, k), jnp.float32) * 3
+    weight = (jax.random.normal(kw, (k,), jnp.float32) * 0.1).astype(jnp.bfloat16)
+    sums = jnp.sum((x * x).reshape(rows, blocks, k // blocks), axis=-1).T  # [J, rows]
+    xf = np.asarray(x, np.float64)
+    want = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + 1e-6) * (1 + np.asarray(weight, np.float64))
+    return NormedRows(x, sums, weight, 1e-6), jnp.asarray(want, jnp.float32).astype(jnp.bfloat16)
+
+
+def test_normed_rows_normalize_as_the_model():
+    normed, want = _normed_rows(0, 5, 256, 4)
+    got = normed.normalized(jnp.bfloat16)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-8)
+
+
+@pytest.mark.parametrize("rows, blocks", [(1, 3), (5, 4), (33, 5)])  # 3 and 5 blocks: padded to 4 and 8
+def test_gemv_applies_the_norm_as_it_loads(rows, blocks):
+    normed, h = _normed_rows(rows, rows, 240, blocks)
+    _, weights = _inputs(rows, rows, 240, (96, 32))
+    got = gemv(normed, weights, jnp.float32, impl=IMPL, block_k=16, block_n=32, target_programs=24)
+    want = gemv(h, weights, jnp.float32, impl="reference")
+    for g, w in zip(got, want, strict=True):  # h's bf16 rounding may differ by one ulp in a few entries
+        np.testing.assert_allclose(g, w, rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(w))))
+
+
+def test_swiglu_applies_the_norm_as_it_loads():
+    normed, h = _normed_rows(7, 5, 240, 3)
+    _, (w_gate, w_up) = _inputs(7, 5, 240, (64, 64))
+    got = gemv_swiglu(normed, w_gate, w_up, impl=IMPL, block_k=64, block_n=32)
+    want = gemv_swiglu(h, w_gate, w_up, impl="reference")
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2**-6,
+                               atol=2**-6 * float(jnp.max(jnp.abs(want.astype(jnp.float32)))))
 
 
 def test_plan_divides_and_fills():

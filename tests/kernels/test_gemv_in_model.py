@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
@@ -46,10 +47,13 @@ def test_decode_logits_match_xla_dots(monkeypatch):
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=0.01 * scale)
 
 
-def test_engine_adds_projections_through_the_kernel(monkeypatch):
+@pytest.mark.parametrize("ops", [{"gemv_add"}, {"gemv_add", "gemv", "gemv_swiglu"}])
+def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     """The engine's steps add each output and down projection to the residual stream with `gemv_add` (tiles
-    small enough here for 8 K-splits, summed by whichever program arrives last): the same greedy tokens as
-    the XLA path, and the top alternatives' log-probabilities within bf16 rounding."""
+    small enough here for 8 K-splits, summed by whichever program arrives last), and the decode step's
+    projections after it apply the RMS norms from its sums of squares as they load (on the kernels or, with
+    `gemv_add` alone, in XLA): the same greedy tokens as the XLA path, and the top alternatives'
+    log-probabilities within bf16 rounding."""
     config = dataclasses.replace(preset("tiny"), linear_num_value_heads=16, vocab_size=512)
     model = hybrid_jax.random_model(config, "bfloat16", seed=1)
     prompts = [[5, 17, 300, 41], list(range(100, 121))]
@@ -68,16 +72,27 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch):
             engine.shutdown()
 
     want_tokens, want_logprobs = generate()
-    used = []
+    used, normed = [], []
 
-    def gemv_add_only(op, impl, reason):  # the other projections keep XLA's dots: a shorter CPU test
+    def only(op, impl, reason):  # the other projections keep XLA's dots
         used.append((op, reason is None))
-        return jax.default_backend() != "gpu" if op == "gemv_add" and reason is None else None
+        return jax.default_backend() != "gpu" if op in ops and reason is None else None
 
-    monkeypatch.setattr(gemv_dispatch, "kernel_mode", gemv_add_only)
+    def counting_norms(fn):
+        def run(*args, **kw):
+            normed.append(len(args) > 3 and args[3] is not None)
+            return fn(*args, **kw)
+        return run
+
+    monkeypatch.setattr(gemv_dispatch, "kernel_mode", only)
     monkeypatch.setattr(gemv_dispatch.kernel, "gemv_add", functools.partial(
         gemv_kernel.gemv_add, block_k=16, block_n=16, target_programs=64))
+    for name in ("gemv", "gemv_swiglu"):
+        monkeypatch.setattr(gemv_dispatch.kernel, name, counting_norms(getattr(gemv_kernel, name)))
+    mlp = (config.hidden_size, config.intermediate_size)
+    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, mlp, gemv_kernel.SWIGLU_DEFAULT)
     got_tokens, got_logprobs = generate()
-    assert ("gemv_add", True) in used
+    assert {op for op, ok in used if ok} >= ops
+    assert any(normed) == (ops != {"gemv_add"})  # the norms went through the kernels' loads
     assert got_tokens == want_tokens
     np.testing.assert_allclose(got_logprobs, want_logprobs, rtol=0.01, atol=0.02)
