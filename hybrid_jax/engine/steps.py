@@ -154,8 +154,9 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     stream h [rows, D] (positions padded too) over its layer's pool -> (its output projection's input
     [N or rows, ...], that projection, new pool). The output and down projections are added to the stream by
     `add_projection` (one launch each on the few-row kernel: no separate sum-and-add; the padding rows come
-    out zero there). ``defer_norms``: the norms after those adds reach the mixers and the MLP as `NormedRows`
-    (applied by the projections that read them, as they load), so the mixers must only project h.
+    out zero there). ``defer_norms``: those launches also write the norm that follows (the last layer's final
+    norm aside) as `NormedRows`, whose division the projections that read it finish on their outputs, so
+    the mixers must only project h.
     Returns the final residual stream [N, D] and the new per-layer pools.
     """
     n = x.shape[0]
@@ -163,23 +164,23 @@ def _decoder_layers(model: Qwen35ForCausalLM, pools: dict, x, positions, full_at
     x = _pad_rows(x, rows)  # [rows, D]
     padded_positions = _pad_rows(positions, rows)  # [rows]
     arrivals = arrival_counters(x.shape[-1])
-    sums = None  # [J, rows]: partial sums of squares of the stream's rows, from the last add
-
-    def normed(norm, x, sums, dtype):  # the stream x through ``norm`` -> h [rows, D] or its NormedRows
-        return norm(x, dtype) if sums is None or not defer_norms else norm.deferred(x, sums)
-
+    normed = None  # the next norm of the stream from the last add, as NormedRows (None: apply the norm)
+    norms = [norm for layer in model.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+    next_norms = iter([*norms[1:], None] if defer_norms else [None] * len(norms))
     new_layers = []
     for layer, pool in zip(model.layers, pools["layers"], strict=True):
         dtype = layer.mlp.down_proj.kernel.dtype
-        h = normed(layer.input_layernorm, x, sums, dtype)
+        h = layer.input_layernorm(x, dtype) if normed is None else normed  # [rows, D]
         if layer.is_attention:
             y, out_proj, pool = full_attention(layer.self_attn, h, pool, padded_positions, dtype)
         else:
             y, out_proj, pool = linear_attention(layer.linear_attn, h, pool, dtype)
         new_layers.append(pool)
-        x, sums, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals, real_rows=n)
-        y = layer.mlp.hidden(normed(layer.post_attention_layernorm, x, sums, dtype))  # [rows, I]
-        x, sums, arrivals = add_projection(x, y, layer.mlp.down_proj, arrivals, real_rows=n)
+        x, normed, arrivals = add_projection(x, _pad_rows(y, rows), out_proj, arrivals, next_norm=next(next_norms),
+                                             real_rows=n)
+        h = layer.post_attention_layernorm(x, dtype) if normed is None else normed
+        x, normed, arrivals = add_projection(x, layer.mlp.hidden(h), layer.mlp.down_proj, arrivals,
+                                             next_norm=next(next_norms), real_rows=n)
     return x[:n], new_layers
 
 

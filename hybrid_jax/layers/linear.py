@@ -1,8 +1,8 @@
 """Bias-free linear layer with the kernel stored ``[in, out]`` (HF stores ``[out, in]``), and `project`: one
 input through several linear layers, as one Pallas launch inside `few_row_kernel()` (per shard, under a mesh);
 `swiglu`: the MLP's gate/up pair and its product, fused there too where the kernel is tuned for the shape;
-`add_projection`: a projection added to the residual stream, its K-splits summed in the same launch there, with
-the sums of squares from which the next projection applies the following RMS norm as it loads (`NormedRows`)."""
+`add_projection`: a projection added to the residual stream, its K-splits summed in the same launch there, which
+also writes the next RMS norm with its division deferred to the projections that read it (`NormedRows`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from hybrid_jax.layers.norm import RMSNorm
 from hybrid_jax.sharding import TP
 from pallas_kernels.gemv import NormedRows, gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.reference import gemv as xla_gemv
@@ -53,7 +54,7 @@ class Linear(nnx.Module):
 
 def project(x: jax.Array | NormedRows, layers: Sequence[Linear], out_dtype=None) -> tuple[jax.Array, ...]:
     """x [..., in] through each of ``layers`` (same input width) -> ([..., out_i], ...), fp32 accumulation.
-    `NormedRows`: its normed rows in the layers' dtype (normed as the kernel loads them, where it runs)."""
+    `NormedRows`: each output row divided by its rms where the kernel runs; the normed rows made first elsewhere."""
     weights = tuple(layer.kernel[...] for layer in layers)
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if isinstance(x, NormedRows) and not (enabled and mesh is None):
@@ -71,17 +72,18 @@ def arrival_counters(width: int) -> jax.Array:
     return jnp.zeros(width // 16, jnp.int32)
 
 
-def add_projection(residual: jax.Array, x: jax.Array, layer: Linear, arrivals: jax.Array,
-                   real_rows: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """residual [M, out] + layer(x) in fp32 (the projection rounded to the layer's dtype first) -> (that sum, its
-    rows' partial sums of squares [J, M] for a `NormedRows` of it, the counters for the next call): inside
-    `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits, where the kernel runs;
-    there rows past ``real_rows`` (padding) may come out zero."""
+def add_projection(residual: jax.Array, x: jax.Array, layer: Linear, arrivals: jax.Array, *,
+                   next_norm: RMSNorm | None = None,
+                   real_rows: int | None = None) -> tuple[jax.Array, NormedRows | None, jax.Array]:
+    """residual [M, out] + layer(x) in fp32 (the projection rounded to the layer's dtype first) -> (that sum,
+    ``next_norm`` of it as `NormedRows` where the kernel ran (else None: apply the norm), the counters for the
+    next call): inside `few_row_kernel()` (no mesh) one `gemv_add` launch, which also sums its K-splits, where the
+    kernel runs; there rows past ``real_rows`` (padding) may come out zero."""
     enabled, mesh = _FEW_ROW_KERNEL.get()
     if enabled and mesh is None:
-        return gemv_add(x, layer.kernel[...], residual, arrivals, real_rows=real_rows)
-    out = residual + layer(x).astype(jnp.float32)
-    return out, jnp.sum(out * out, axis=-1)[None], arrivals
+        norm = None if next_norm is None else (next_norm.weight[...], next_norm.eps)
+        return gemv_add(x, layer.kernel[...], residual, arrivals, norm=norm, real_rows=real_rows)
+    return residual + layer(x).astype(jnp.float32), None, arrivals
 
 
 def swiglu(x: jax.Array | NormedRows, gate: Linear, up: Linear) -> jax.Array:

@@ -6,8 +6,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pallas_kernels.gemv import NormedRows
-
 F32 = jnp.float32
 
 
@@ -32,11 +30,6 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
         """x [..., dim] -> same shape, in ``out_dtype`` (default: x.dtype)."""
         return zero_centred_rms_norm(x, self.weight[...], self.eps, out_dtype)
-
-    def deferred(self, x: jax.Array, sums: jax.Array) -> NormedRows:
-        """The norm of x [M, dim] fp32 for the projections that read it to apply as they load it; ``sums``
-        [J, M]: partial sums of squares of x's rows (`add_projection`'s)."""
-        return NormedRows(x, sums, self.weight[...], self.eps)
 
 
 class GatedRMSNorm(nnx.Module):

@@ -1,7 +1,7 @@
 """A few rows times one or more weight matrices that share the input (decode-step projections): one dispatch;
 the MLP's gate/up pair with the SwiGLU product fused (`gemv_swiglu`); and one projection added to the residual
-stream (`gemv_add`), which also sums the new stream's squares so that the next `gemv` / `gemv_swiglu` applies
-the RMS norm as it loads its input (`NormedRows`) in place of a launch of its own.
+stream (`gemv_add`), which can also write the next RMS norm's output with its division deferred (`NormedRows`)
+for the next `gemv` / `gemv_swiglu` to finish on their products' rows: the norm needs no launch of its own.
 
 `impl`: "auto" runs the Pallas kernel on a GPU when x has at most `MAX_ROWS` rows, for the weights that suit
 it (one launch), and XLA's dots for the others (a shard's slice of a narrow projection, say); "kernel"
@@ -23,30 +23,32 @@ _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 @dataclasses.dataclass(frozen=True)
 class NormedRows:
-    """The zero-centred RMS norm of x's rows, not yet applied: `gemv` and `gemv_swiglu` apply it as their kernel
-    loads x (`reference.rms_norm_from_sums`), and XLA where they do not run it (`normalized`).
-
-    x [..., K] fp32 (the residual stream); sums [J, M] fp32: partial sums of squares of x's M rows over any J
-    column blocks (`gemv_add`'s); weight [K] and eps: the norm's.
-    """
-    x: jax.Array
+    """A zero-centred RMS norm's output h with its division deferred: ``scaled`` [..., K], the norm's input x
+    times (1 + weight) rounded to the projections' dtype, and ``sums`` [J, M] fp32, partial sums of squares of
+    x's M rows over J column blocks; h = scaled / rms(x), row by row. `gemv` and `gemv_swiglu` divide their
+    products' rows instead (h's rounding moves before the division: bf16 rounding apart from HF's norm);
+    `normalized` gives h itself."""
+    scaled: jax.Array
     sums: jax.Array
-    weight: jax.Array
     eps: float
 
+    def row_scale(self) -> jax.Array:
+        """1 / rms of each row [M, 1]."""
+        return reference.rms_row_scale(self.sums, self.scaled.shape[-1], self.eps)
+
     def normalized(self, dtype) -> jax.Array:
-        """The normed rows [..., K] in ``dtype``."""
-        rows = self.x.reshape(-1, self.x.shape[-1])
-        return reference.rms_norm_from_sums(rows, self.sums, self.weight, self.eps, dtype).reshape(self.x.shape)
+        """h [..., K] in ``dtype``."""
+        rows = self.scaled.reshape(-1, self.scaled.shape[-1]).astype(jnp.float32)
+        return (rows * self.row_scale()).astype(dtype).reshape(self.scaled.shape)
 
 
 def _split_norm(x: jax.Array | NormedRows) -> tuple[jax.Array, NormedRows | None]:
-    return (x.x, x) if isinstance(x, NormedRows) else (x, None)
+    return (x.scaled, x) if isinstance(x, NormedRows) else (x, None)
 
 
 def _kernel_norm(norm: NormedRows | None) -> tuple:
-    """The kernels' ``norm`` and ``eps`` arguments."""
-    return () if norm is None else ((norm.sums, norm.weight), norm.eps)
+    """The kernels' ``sums`` and ``eps`` arguments."""
+    return () if norm is None else (norm.sums, norm.eps)
 
 
 def _unsupported(rows: int, k: int, w: jax.Array, dtype) -> str | None:
@@ -74,7 +76,7 @@ def padded_rows(rows: int) -> int:
 def gemv(x: jax.Array | NormedRows, weights: tuple[jax.Array, ...], out_dtype=None, *, impl: Impl = "auto",
          **tuning) -> tuple[jax.Array, ...]:
     """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: the weight's dtype),
-    accumulated in fp32. x as `NormedRows`: its normed rows, rounded to the weights' dtype."""
+    accumulated in fp32. x as `NormedRows`: each product row divided by its rms (`NormedRows`)."""
     weights = tuple(weights)
     x, norm = _split_norm(x)
     lead = x.shape[:-1]
@@ -87,43 +89,48 @@ def gemv(x: jax.Array | NormedRows, weights: tuple[jax.Array, ...], out_dtype=No
         suited = [True] * len(weights)
         reason = next((r for r in reasons if r is not None), None)
     interpret = kernel_mode("gemv", impl, reason)
-    normed = lambda: rows if norm is None else norm.normalized(weights[0].dtype).reshape(rows.shape)  # [M, K]
+    row_scale = None if norm is None else norm.row_scale()  # [M, 1]
     if interpret is None:
-        ys = reference.gemv(normed(), weights, out_dtype)
+        ys = reference.gemv(rows, weights, out_dtype, row_scale)
     else:
         on_kernel = iter(kernel.gemv(rows, tuple(w for w, ok in zip(weights, suited, strict=True) if ok),
                                      out_dtype, *_kernel_norm(norm), interpret=interpret, **tuning))
-        ys = tuple(next(on_kernel) if ok else reference.gemv(normed(), (w,), out_dtype)[0]
+        ys = tuple(next(on_kernel) if ok else reference.gemv(rows, (w,), out_dtype, row_scale)[0]
                    for w, ok in zip(weights, suited, strict=True))
     return tuple(y.reshape(*lead, y.shape[-1]) for y in ys)
 
 
-def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *, real_rows: int | None = None,
-             impl: Impl = "auto", **tuning) -> tuple[jax.Array, jax.Array, jax.Array]:
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, *,
+             norm: tuple[jax.Array, float] | None = None, real_rows: int | None = None, impl: Impl = "auto",
+             **tuning) -> tuple[jax.Array, NormedRows | None, jax.Array]:
     """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> (out [..., N]
-    fp32, sums, arrivals), in one launch on the kernel (`kernel.gemv_add`). ``sums`` [J, M]: partial sums of
-    squares of out's M rows, for a `NormedRows` of out. ``arrivals``: int32 zeros, at least N / 16, which the
-    kernel counts K-splits in and leaves zeroed; thread them from call to call (the references pass them on).
-    ``real_rows``: the kernel computes only the first rows of x's flattened rows (the others come out zero)."""
+    fp32, normed, arrivals), in one launch on the kernel (`kernel.gemv_add`). ``norm`` = (weight [N], eps) of the
+    zero-centred RMS norm that reads out next: ``normed`` is its output as `NormedRows` (else None).
+    ``arrivals``: int32 zeros, at least N / 16, which the kernel counts K-splits in and leaves zeroed; thread
+    them from call to call (the references pass them on). ``real_rows``: the kernel computes only the first rows
+    of x's flattened rows (the others come out zero)."""
     lead = x.shape[:-1]
     k, n = w.shape
     rows = x.reshape(-1, k)  # [M, K]
+    norm_weight, eps = norm or (None, None)
     reason = _unsupported(rows.shape[0], k, w, w.dtype)
     if reason is None and arrivals.shape[0] < n // 16:
         reason = f"arrivals: {arrivals.shape[0]} counters, need {n // 16}"
     interpret = kernel_mode("gemv_add", impl, reason)
     if interpret is None:
-        y, sums = reference.gemv_add(rows, w, residual.reshape(-1, n))
+        y, scaled, sums = reference.gemv_add(rows, w, residual.reshape(-1, n), norm_weight)
     else:
-        y, sums, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, real_rows,
-                                            interpret=interpret, **tuning)
-    return y.reshape(*lead, n), sums, arrivals
+        y, scaled, sums, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, norm_weight,
+                                                    real_rows, interpret=interpret, **tuning)
+    normed = None if norm is None else NormedRows(scaled.reshape(*lead, n), sums, eps)
+    return y.reshape(*lead, n), normed, arrivals
 
 
 def gemv_swiglu(x: jax.Array | NormedRows, w_gate: jax.Array, w_up: jax.Array, *, impl: Impl = "auto",
                 **tuning) -> jax.Array:
-    """silu(x w_gate) * (x w_up): x [..., K] (or `NormedRows`, as `gemv`'s), w_gate / w_up [K, N] -> [..., N] in
-    the weights' dtype, each projection rounded to that dtype before the product (`reference.swiglu_product`).
+    """silu(x w_gate) * (x w_up): x [..., K] (or `NormedRows`, as `gemv`'s: both projections divided), w_gate /
+    w_up [K, N] -> [..., N] in the weights' dtype, each projection rounded to that dtype before the product
+    (`reference.swiglu_product`).
 
     "auto" fuses on a GPU only for shapes with a measured tuning (`kernel.SWIGLU_TUNING`) and at most
     `kernel.SWIGLU_MAX_ROWS` rows; otherwise it runs `gemv` ("auto") and the product."""

@@ -56,33 +56,30 @@ def plan(k: int, widths: tuple[int, ...], *, block_k: int, block_n: int,
     return bk, bns, splits
 
 
-def _split_product(load_x, m: int, w_ref, cols, k0, steps: int, block_k: int) -> jax.Array:
-    """x [m, K] (``load_x(rows)`` -> its columns ``rows`` in w's dtype) times w's columns ``cols`` over rows
-    k0 .. k0 + steps * block_k, in [block_k, bn] tiles -> [m, bn] fp32."""
+def _split_product(x_ref, w_ref, cols, k0, steps: int, block_k: int) -> jax.Array:
+    """x [Mp, K] times w's columns ``cols`` over rows k0 .. k0 + steps * block_k, in [block_k, bn] tiles
+    -> [Mp, bn] fp32."""
     def body(i, acc):
         rows = pl.ds(k0 + i * block_k, block_k)
-        return acc + jnp.dot(load_x(rows), w_ref[rows, cols], preferred_element_type=F32)
+        return acc + jnp.dot(x_ref[:, rows], w_ref[rows, cols], preferred_element_type=F32)
 
-    return jax.lax.fori_loop(0, steps, body, jnp.zeros((m, cols.size), F32))
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros((x_ref.shape[0], cols.size), F32))
 
 
-def _x_loader(x_ref, norm_refs, eps: float | None, dtype):
-    """``rows`` -> x_ref's columns ``rows`` [Mp, len] in ``dtype``: as stored, or (``norm_refs`` = (sums [Jp, Mp]
-    fp32, weight [K])) the fp32 rows zero-centred-RMS-normalised as `reference.rms_norm_from_sums` does."""
-    if norm_refs is None:
-        return lambda rows: x_ref[:, rows].astype(dtype)
-    sums_ref, weight_ref = norm_refs
-    scale = jax.lax.rsqrt(jnp.sum(sums_ref[...], axis=0) / x_ref.shape[1] + eps)[:, None]  # [Mp, 1]
-    return lambda rows: (x_ref[:, rows] * scale * (1.0 + weight_ref[rows].astype(F32))[None, :]).astype(dtype)
+def _row_scale(sums_ref, k: int, eps: float | None):
+    """The RMS norm's deferred division, 1 / sqrt(mean square + eps) of each row [Mp, 1], from sums_ref [Jp, Mp]
+    (partial sums of squares over K); 1 without a norm (sums_ref None)."""
+    if sums_ref is None:
+        return 1.0
+    return jax.lax.rsqrt(jnp.sum(sums_ref[...], axis=0) / k + eps)[:, None]
 
 
 def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_split: int, eps: float | None):
-    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp] and weight [K]), weights [K, N_i] ..., then
-    # outputs [splits, Mp, N_i] ...: whole arrays.
+    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp]), weights [K, N_i] ..., then outputs
+    # [splits, Mp, N_i] ...: whole arrays.
     num = len(block_ns)
-    norm_refs, refs = (refs[:2], refs[2:]) if eps is not None else (None, refs)
+    sums_ref, refs = (refs[0], refs[1:]) if eps is not None else (None, refs)
     w_refs, o_refs = refs[:num], refs[num:]
-    load_x = _x_loader(x_ref, norm_refs, eps, w_refs[0].dtype)
     j, s = pl.program_id(0), pl.program_id(1)
     k0 = s * k_per_split
     first = 0
@@ -92,28 +89,29 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
         @pl.when((j >= first) & (j < first + blocks))
         def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
             cols = pl.ds((j - first) * bn, bn)
-            acc = _split_product(load_x, x_ref.shape[0], w_ref, cols, k0, k_per_split // block_k, block_k)
-            o_ref[s, :, cols] = acc.astype(o_ref.dtype)  # [Mp, bn]
+            acc = _split_product(x_ref, w_ref, cols, k0, k_per_split // block_k, block_k)  # [Mp, bn]
+            o_ref[s, :, cols] = (acc * _row_scale(sums_ref, x_ref.shape[1], eps)).astype(o_ref.dtype)
 
         first += blocks
 
 
 def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
-    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp] and weight [K]), gate / up [K, N], out [Mp, N]:
-    # whole arrays; program j owns columns j.
-    norm_refs, (gate_ref, up_ref, o_ref) = (refs[:2], refs[2:]) if eps is not None else (None, refs)
-    load_x = _x_loader(x_ref, norm_refs, eps, gate_ref.dtype)
+    # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp]), gate / up [K, N], out [Mp, N]: whole arrays;
+    # program j owns columns j.
+    sums_ref, (gate_ref, up_ref, o_ref) = (refs[0], refs[1:]) if eps is not None else (None, refs)
     cols = pl.ds(pl.program_id(0) * block_n, block_n)
 
     def body(i, acc):
         gate, up = acc
         rows = pl.ds(i * block_k, block_k)
-        x = load_x(rows)
+        x = x_ref[:, rows]
         return (gate + jnp.dot(x, gate_ref[rows, cols], preferred_element_type=F32),
                 up + jnp.dot(x, up_ref[rows, cols], preferred_element_type=F32))
 
     zeros = jnp.zeros((x_ref.shape[0], block_n), F32)
     gate, up = jax.lax.fori_loop(0, x_ref.shape[1] // block_k, body, (zeros, zeros))  # [Mp, bn] fp32 each
+    scale = _row_scale(sums_ref, x_ref.shape[1], eps)
+    gate, up = gate * scale, up * scale
     dtype = o_ref.dtype  # `reference.swiglu_product`'s roundings as casts, which Triton keeps
     act = jax.nn.silu(gate.astype(dtype).astype(F32)).astype(dtype)
     o_ref[:, cols] = (act.astype(F32) * up.astype(dtype).astype(F32)).astype(dtype)
@@ -131,11 +129,11 @@ SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overfl
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "block_k", "block_n", "num_warps", "num_stages", "interpret"))
-def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, norm: tuple[jax.Array, jax.Array] | None = None,
+def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Array | None = None,
                 eps: float | None = None, *, block_k: int = 128, block_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None, interpret: bool = False) -> jax.Array:
     """silu(x w_gate) * (x w_up): x [M, K], w_gate / w_up [K, N] (one dtype) -> [M, N] in the weights' dtype.
-    ``norm``, ``eps``: as `gemv`'s.
+    ``sums``, ``eps``: as `gemv`'s (the row scale applies to both projections before the product).
 
     Tiles default to `SWIGLU_TUNING`'s for this (K, N), else `SWIGLU_DEFAULT`; block_k / block_n shrink to
     powers of two dividing K / N.
@@ -147,17 +145,17 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, norm: tuple[ja
                                       zip((block_n, num_warps, num_stages), tuned, strict=True))
     block_k, (block_n,), _ = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=1)
     padded = padded_rows(m)
-    xp, norm_operands = _operands(x, w_gate.dtype, norm, padded)
+    operands = _operands(x, w_gate.dtype, sums, padded)
     out = pl.pallas_call(
-        functools.partial(_swiglu_kernel, block_k=block_k, block_n=block_n, eps=None if norm is None else eps),
+        functools.partial(_swiglu_kernel, block_k=block_k, block_n=block_n, eps=None if sums is None else eps),
         out_shape=jax.ShapeDtypeStruct((padded, n), w_gate.dtype),
         grid=(n // block_n,),
-        in_specs=[pl.no_block_spec] * (3 + len(norm_operands)),
+        in_specs=[pl.no_block_spec] * (2 + len(operands)),
         out_specs=pl.no_block_spec,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv_swiglu",
-    )(xp, *norm_operands, w_gate, w_up)  # [Mp, N]
+    )(*operands, w_gate, w_up)  # [Mp, N]
     return out[:m]
 
 
@@ -166,30 +164,27 @@ def padded_rows(m: int) -> int:
     return max(MIN_ROWS, 1 << (m - 1).bit_length())
 
 
-def _operands(x: jax.Array, dtype, norm: tuple[jax.Array, jax.Array] | None, padded: int):
-    """x padded to ``padded`` rows, in ``dtype`` (fp32 under a norm), and the norm's operands: its sums [Jp, Mp]
-    (padded with zeros to a power of two of blocks, a Triton load's shape) and weight [K]. The pads are no-ops
-    where the caller's arrays come padded (`gemv_add`'s do)."""
-    m = x.shape[0]
-    if norm is None:
-        return jnp.pad(x.astype(dtype), ((0, padded - m), (0, 0))), ()
-    sums, weight = norm
+def _operands(x: jax.Array, dtype, sums: jax.Array | None, padded: int) -> tuple[jax.Array, ...]:
+    """x padded to ``padded`` rows in ``dtype`` and, under a norm, its sums [Jp, Mp] (padded with zeros to a power
+    of two of blocks, a Triton load's shape). The pads are no-ops where the arrays come padded (`gemv_add`'s)."""
+    xp = jnp.pad(x.astype(dtype), ((0, padded - x.shape[0]), (0, 0)))
+    if sums is None:
+        return (xp,)
     blocks = sums.shape[0]
-    sums = jnp.pad(sums.astype(F32), ((0, (1 << (blocks - 1).bit_length()) - blocks), (0, padded - sums.shape[1])))
-    return jnp.pad(x.astype(F32), ((0, padded - m), (0, 0))), (sums, weight)
+    return xp, jnp.pad(sums, ((0, (1 << (blocks - 1).bit_length()) - blocks), (0, padded - sums.shape[1])))
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, norm: tuple[jax.Array, jax.Array] | None = None,
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax.Array | None = None,
          eps: float | None = None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
          num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, ...]:
     """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
     ``out_dtype`` (default: the weights' dtype).
 
-    ``norm`` = (sums [J, M] fp32, weight [K]): x is the fp32 residual stream and what multiplies is its
-    zero-centred RMS norm (``eps``), applied as each tile of x is loaded (`reference.rms_norm_from_sums`):
-    the norm's own launch is saved. ``sums``: partial sums of squares of x's rows (`gemv_add` writes them).
+    ``sums`` [J, M] fp32 (with ``eps``): x is an RMS norm's input times its weight (`NormedRows.scaled`) and
+    ``sums`` the partial sums of squares of the norm's input rows; each output row is divided by its RMS,
+    the norm's division deferred past the product (its own launch saved).
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
     K-splits aim at (~2 programs per SM of the H200's 132). The defaults were the best over the 9B and 27B
@@ -202,43 +197,50 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, norm: tup
     out_dtype = jnp.dtype(out_dtype or dtype)
     block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
     padded = padded_rows(m)
-    xp, norm_operands = _operands(x, dtype, norm, padded)
+    operands = _operands(x, dtype, sums, padded)
     partial_dtype = out_dtype if splits == 1 else F32
     kernel = functools.partial(_gemv_kernel, block_k=block_k, block_ns=block_ns, k_per_split=k // splits,
-                               eps=None if norm is None else eps)
+                               eps=None if sums is None else eps)
     col_blocks = sum(n // bn for n, bn in zip(widths, block_ns, strict=True))
     partials = pl.pallas_call(
         kernel,
         out_shape=tuple(jax.ShapeDtypeStruct((splits, padded, n), partial_dtype) for n in widths),
         grid=(col_blocks, splits),
-        in_specs=[pl.no_block_spec] * (1 + len(norm_operands) + len(weights)),
+        in_specs=[pl.no_block_spec] * (len(operands) + len(weights)),
         out_specs=(pl.no_block_spec,) * len(weights),
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv",
-    )(xp, *norm_operands, *weights)  # ([splits, Mp, N_i], ...)
+    )(*operands, *weights)  # ([splits, Mp, N_i], ...)
     return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)
 
 
-def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o_ref, sums_ref, arrivals_ref, *,
-                     block_k: int, block_n: int, k_per_split: int, splits: int, real_rows: int, y_dtype,
-                     interpret: bool):
+def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, *refs, block_k: int, block_n: int,
+                     k_per_split: int, splits: int, real_rows: int, y_dtype, normed: bool, interpret: bool):
     # x_ref [Mp, K], w_ref [K, N], residual_ref [Mp, N] f32, arrivals [>= N / block_n] i32 (zeros, aliased);
-    # partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32, sums_ref [Jp, Mp] f32 (J = N / block_n column blocks,
-    # Jp a power of two): whole arrays. Program (j, s): split s of column block j.
+    # refs: (normed: the next norm's weight [N]), partial_ref [splits, Mp, N] f32, o_ref [Mp, N] f32,
+    # (normed: scaled_ref [Mp, N], sums_ref [Jp, Mp] f32, J = N / block_n column blocks, Jp a power of two),
+    # arrivals_ref: whole arrays. Program (j, s): split s of column block j.
     del arrivals_in_ref  # the same buffer as arrivals_ref
+    if normed:
+        norm_w_ref, partial_ref, o_ref, scaled_ref, sums_ref, arrivals_ref = refs
+    else:
+        partial_ref, o_ref, arrivals_ref = refs
     j, s = pl.program_id(0), pl.program_id(1)
     cols = pl.ds(j * block_n, block_n)
     shape = (x_ref.shape[0], block_n)
     real = jnp.broadcast_to(jax.lax.broadcasted_iota(jnp.int32, shape, 0) < real_rows, shape)  # [Mp, bn]
     load = lambda view: plgpu.load(view, mask=real, other=jnp.zeros(shape, F32))  # padding rows: no traffic, zeros
-    acc = _split_product(lambda rows: x_ref[:, rows], shape[0], w_ref, cols, s * k_per_split,
-                         k_per_split // block_k, block_k)  # [Mp, bn]
+    acc = _split_product(x_ref, w_ref, cols, s * k_per_split, k_per_split // block_k, block_k)  # [Mp, bn]
 
     def finish(y):  # y [Mp, bn]: the block's projection; rows past the real ones come out zero
         out = load(residual_ref.at[:, cols]) + jnp.where(real, y, 0.0).astype(y_dtype).astype(F32)  # rounded, added
         o_ref[:, cols] = out
-        sums_ref[j, :] = jnp.sum(out * out, axis=1)  # the next norm's share from this block
+        if not normed:
+            return
+        # The next norm's input times its weight, and this block's share of its rows' sums of squares.
+        scaled_ref[:, cols] = (out * (1.0 + norm_w_ref[cols].astype(F32))[None, :]).astype(scaled_ref.dtype)
+        sums_ref[j, :] = jnp.sum(out * out, axis=1)
         blocks = o_ref.shape[1] // block_n
 
         @pl.when(j < sums_ref.shape[0] - blocks)
@@ -265,16 +267,18 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, partial_ref, o
 
 @functools.partial(jax.jit, static_argnames=("real_rows", "y_dtype", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
-def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, real_rows: int | None = None,
-             y_dtype=None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
-             num_warps: int = 4, num_stages: int = 4,
-             interpret: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, norm_weight: jax.Array | None = None,
+             real_rows: int | None = None, y_dtype=None, *, block_k: int = 128, block_n: int = 64,
+             target_programs: int = 264, num_warps: int = 4, num_stages: int = 4, interpret: bool = False):
     """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> (out
-    [M, N] fp32, sums, arrivals), in one launch: the K-split that finishes a column block last sums the splits'
-    partials and adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode step).
-    ``sums`` [Jp, M] fp32: out's rows' sums of squares over each of the J column blocks (zero rows up to a power
-    of two), from which the next `gemv` / `gemv_swiglu` normalises out as it loads it (their ``norm``).
+    [M, N] fp32, scaled, sums, arrivals), in one launch: the K-split that finishes a column block last sums the
+    splits' partials and adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode
+    step).
 
+    ``norm_weight`` [N]: the zero-centred RMS norm that reads out next; the launch also writes out * (1 +
+    norm_weight) [M, N] in ``y_dtype`` (``scaled``) and the sums of squares of out's rows over each of the J
+    column blocks, [Jp, M] fp32 with zero rows up to a power of two (``sums``): the norm with its division
+    deferred to the projections that read it (`gemv`'s ``sums``). Both None without a weight.
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
     ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
     batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s.
@@ -288,20 +292,26 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     padded = padded_rows(m)
     xp = jnp.pad(x.astype(w.dtype), ((0, padded - m), (0, 0)))  # no-op when x comes padded
     rp = jnp.pad(residual.astype(F32), ((0, padded - m), (0, 0)))
-    kernel = functools.partial(_gemv_add_kernel, block_k=block_k, block_n=block_n, k_per_split=k // splits,
-                               splits=splits, real_rows=min(m, real_rows or m), y_dtype=y_dtype, interpret=interpret)
+    normed = norm_weight is not None
     blocks = n // block_n
-    _, out, sums, arrivals = pl.pallas_call(
+    kernel = functools.partial(_gemv_add_kernel, block_k=block_k, block_n=block_n, k_per_split=k // splits,
+                               splits=splits, real_rows=min(m, real_rows or m), y_dtype=y_dtype, normed=normed,
+                               interpret=interpret)
+    shapes = [jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32)]
+    if normed:
+        shapes += [jax.ShapeDtypeStruct((padded, n), y_dtype),
+                   jax.ShapeDtypeStruct((1 << (blocks - 1).bit_length(), padded), F32)]
+    inputs = (xp, w, rp, arrivals) + ((norm_weight,) if normed else ())
+    _, out, *norm_out, arrivals = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32),
-                   jax.ShapeDtypeStruct((1 << (blocks - 1).bit_length(), padded), F32),
-                   jax.ShapeDtypeStruct(arrivals.shape, jnp.int32)),
+        out_shape=(*shapes, jax.ShapeDtypeStruct(arrivals.shape, jnp.int32)),
         grid=(blocks, splits),
-        in_specs=[pl.no_block_spec] * 4,
-        out_specs=(pl.no_block_spec,) * 4,
-        input_output_aliases={3: 3},
+        in_specs=[pl.no_block_spec] * len(inputs),
+        out_specs=(pl.no_block_spec,) * (len(shapes) + 1),
+        input_output_aliases={3: len(shapes)},
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="gemv_add",
-    )(xp, w, rp, arrivals)
-    return out[:m], sums[:, :m], arrivals
+    )(*inputs)
+    scaled, sums = (norm_out[0][:m], norm_out[1][:, :m]) if normed else (None, None)
+    return out[:m], scaled, sums, arrivals

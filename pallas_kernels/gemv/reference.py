@@ -1,28 +1,39 @@
-"""Pure-JAX references of the few-row matmul (x times each weight), of the SwiGLU product the fused gate/up
-kernel writes, and of the RMS norm the kernels apply to x as they load it (from `gemv_add`'s sums of squares)."""
+"""Pure-JAX references of the few-row matmul (x times each weight, each row optionally scaled after the product:
+an RMS norm's deferred division), of the projection added to the residual stream, and of the SwiGLU product
+the fused gate/up kernel writes."""
 
 import jax
 import jax.numpy as jnp
 
-
-def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None) -> tuple[jax.Array, ...]:
-    """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: each weight's dtype)."""
-    return tuple(jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32).astype(out_dtype or w.dtype)
-                 for w in weights)
+F32 = jnp.float32
 
 
-def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """residual + x w: x [M, K], w [K, N], residual [M, N] -> (out [M, N] fp32, its rows' sums of squares [1, M]);
-    the product rounded to w's dtype first, as a projection's output is."""
-    out = residual.astype(jnp.float32) + gemv(x, (w,))[0].astype(jnp.float32)
-    return out, jnp.sum(out * out, axis=-1)[None]
+def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None,
+         row_scale: jax.Array | None = None) -> tuple[jax.Array, ...]:
+    """x [..., K] times each w [K, N_i] -> ([..., N_i], ...) in ``out_dtype`` (default: each weight's dtype);
+    ``row_scale`` [..., 1] multiplies the fp32 products first."""
+    def product(w):
+        y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=F32)
+        return (y if row_scale is None else y * row_scale).astype(out_dtype or w.dtype)
+
+    return tuple(product(w) for w in weights)
 
 
-def rms_norm_from_sums(x: jax.Array, sums: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
-    """The zero-centred RMS norm of x [M, K] fp32, ``x / sqrt(mean(x^2) + eps) * (1 + weight)`` in ``dtype``,
-    with mean(x^2) from ``sums`` [J, M]: partial sums of squares of x's rows (their total over J / K)."""
-    scale = jax.lax.rsqrt(jnp.sum(sums, axis=0) / x.shape[-1] + eps)[:, None]  # [M, 1]
-    return (x.astype(jnp.float32) * scale * (1.0 + weight.astype(jnp.float32))).astype(dtype)
+def rms_row_scale(sums: jax.Array, k: int, eps: float) -> jax.Array:
+    """1 / sqrt(mean square + eps) of each of M rows [M, 1], from ``sums`` [J, M]: partial sums of squares of
+    the rows' K entries over J column blocks."""
+    return jax.lax.rsqrt(jnp.sum(sums, axis=0) / k + eps)[:, None]
+
+
+def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, norm_weight: jax.Array | None = None):
+    """residual + x w: x [M, K], w [K, N], residual [M, N] -> out [M, N] fp32, the product rounded to w's dtype
+    first, as a projection's output is; and, given the next norm's ``norm_weight`` [N], out * (1 + weight) in
+    w's dtype and out's rows' sums of squares [1, M] (else None, None)."""
+    out = residual.astype(F32) + gemv(x, (w,))[0].astype(F32)
+    if norm_weight is None:
+        return out, None, None
+    scaled = (out * (1.0 + norm_weight.astype(F32))).astype(w.dtype)
+    return out, scaled, jnp.sum(out * out, axis=-1)[None]
 
 
 def swiglu_product(gate: jax.Array, up: jax.Array) -> jax.Array:
@@ -31,6 +42,5 @@ def swiglu_product(gate: jax.Array, up: jax.Array) -> jax.Array:
     may drop (excess precision), and on the GPU it did, moving a tiny model's logits by 1.5%."""
     bits = jnp.finfo(gate.dtype)
     keep = lambda v: jax.lax.reduce_precision(v, exponent_bits=bits.nexp, mantissa_bits=bits.nmant)
-    act = keep(jax.nn.silu(keep(gate.astype(jnp.float32))))
-    return (act * keep(up.astype(jnp.float32))).astype(gate.dtype)
-
+    act = keep(jax.nn.silu(keep(gate.astype(F32))))
+    return (act * keep(up.astype(F32))).astype(gate.dtype)

@@ -43,12 +43,13 @@ KV_PAGES = s(PAGES, PAGE, HKV, HD)
 CASES = {
     "gemv": (gemv, (s(ROWS, D), (s(D, C.conv_dim), s(D, C.linear_value_dim), s(D, HV), s(D, HV)))),
     "gemv_swiglu": (gemv_swiglu, (s(ROWS, D), s(D, I), s(D, I))),
-    "gemv_normed": (lambda x, ws, sums, w: gemv(x, ws, None, (sums, w), C.rms_norm_eps),
-                    (s(ROWS, D, dtype=F32), (s(D, C.conv_dim), s(D, HV)), s(D // 64, ROWS, dtype=F32), s(D))),
-    "gemv_swiglu_normed": (lambda x, wg, wu, sums, w: gemv_swiglu(x, wg, wu, (sums, w), C.rms_norm_eps),
-                           (s(ROWS, D, dtype=F32), s(D, I), s(D, I), s(D // 64, ROWS, dtype=F32), s(D))),
+    "gemv_normed": (lambda x, ws, sums: gemv(x, ws, None, sums, C.rms_norm_eps),
+                    (s(ROWS, D), (s(D, C.conv_dim), s(D, HV)), s(D // 64, ROWS, dtype=F32))),
+    "gemv_swiglu_normed": (lambda x, wg, wu, sums: gemv_swiglu(x, wg, wu, sums, C.rms_norm_eps),
+                           (s(ROWS, D), s(D, I), s(D, I), s(D // 64, ROWS, dtype=F32))),
     "gemv_add": (gemv_add, (s(ROWS, I), s(I, D), s(ROWS, D, dtype=F32), s(D // 16, dtype=I32))),
-    "gemv_add_27b": (gemv_add, (s(ROWS, 6144), s(6144, 5120), s(ROWS, 5120, dtype=F32), s(5120 // 16, dtype=I32))),
+    "gemv_add_normed_27b": (gemv_add, (s(ROWS, 6144), s(6144, 5120), s(ROWS, 5120, dtype=F32),
+                                       s(5120 // 16, dtype=I32), s(5120))),
     "gdn_decode": (gdn_decode, (s(B, HK, DK), s(B, HK, DK), s(B, HV, DV), s(B, HV, dtype=F32), s(B, HV, dtype=F32),
                                 s(B, dtype=I32), s(SLOTS, HV, DK, DV, dtype=F32))),
     "gdn_decode_fused": (
