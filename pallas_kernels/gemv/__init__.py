@@ -105,7 +105,8 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
              **tuning) -> tuple[jax.Array, NormedRows | None, jax.Array]:
     """residual + x w (the product rounded to w's dtype): x [..., K], w [K, N], residual [..., N] -> (out [..., N]
     fp32, normed, arrivals), in one launch on the kernel (`kernel.gemv_add`). ``norm`` = (weight [N], eps) of the
-    zero-centred RMS norm that reads out next: ``normed`` is its output as `NormedRows` (else None).
+    zero-centred RMS norm that reads out next: where the kernel runs, ``normed`` is its output as `NormedRows`
+    (None elsewhere: there XLA fuses the norm with the add, and the caller applies it).
     ``arrivals``: int32 zeros, at least N / 16, which the kernel counts K-splits in and leaves zeroed; thread
     them from call to call (the references pass them on). ``real_rows``: the kernel computes only the first rows
     of x's flattened rows (the others come out zero)."""
@@ -118,10 +119,9 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
         reason = f"arrivals: {arrivals.shape[0]} counters, need {n // 16}"
     interpret = kernel_mode("gemv_add", impl, reason)
     if interpret is None:
-        y, scaled, sums = reference.gemv_add(rows, w, residual.reshape(-1, n), norm_weight)
-    else:
-        y, scaled, sums, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, norm_weight,
-                                                    real_rows, interpret=interpret, **tuning)
+        return reference.gemv_add(rows, w, residual.reshape(-1, n))[0].reshape(*lead, n), None, arrivals
+    y, scaled, sums, arrivals = kernel.gemv_add(rows, w, residual.reshape(-1, n), arrivals, norm_weight, real_rows,
+                                                interpret=interpret, **tuning)
     normed = None if norm is None else NormedRows(scaled.reshape(*lead, n), sums, eps)
     return y.reshape(*lead, n), normed, arrivals
 

@@ -80,6 +80,7 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
     num = len(block_ns)
     sums_ref, refs = (refs[0], refs[1:]) if eps is not None else (None, refs)
     w_refs, o_refs = refs[:num], refs[num:]
+    scale = _row_scale(sums_ref, x_ref.shape[1], eps)  # [Mp, 1], loaded before the weights stream
     j, s = pl.program_id(0), pl.program_id(1)
     k0 = s * k_per_split
     first = 0
@@ -90,7 +91,7 @@ def _gemv_kernel(x_ref, *refs, block_k: int, block_ns: tuple[int, ...], k_per_sp
         def _(w_ref=w_ref, o_ref=o_ref, bn=bn, first=first):
             cols = pl.ds((j - first) * bn, bn)
             acc = _split_product(x_ref, w_ref, cols, k0, k_per_split // block_k, block_k)  # [Mp, bn]
-            o_ref[s, :, cols] = (acc * _row_scale(sums_ref, x_ref.shape[1], eps)).astype(o_ref.dtype)
+            o_ref[s, :, cols] = (acc * scale).astype(o_ref.dtype)
 
         first += blocks
 
@@ -99,6 +100,7 @@ def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
     # x_ref [Mp, K]; refs: (with eps: the norm's sums [Jp, Mp]), gate / up [K, N], out [Mp, N]: whole arrays;
     # program j owns columns j.
     sums_ref, (gate_ref, up_ref, o_ref) = (refs[0], refs[1:]) if eps is not None else (None, refs)
+    scale = _row_scale(sums_ref, x_ref.shape[1], eps)  # [Mp, 1], loaded before the weights stream
     cols = pl.ds(pl.program_id(0) * block_n, block_n)
 
     def body(i, acc):
@@ -110,7 +112,6 @@ def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
 
     zeros = jnp.zeros((x_ref.shape[0], block_n), F32)
     gate, up = jax.lax.fori_loop(0, x_ref.shape[1] // block_k, body, (zeros, zeros))  # [Mp, bn] fp32 each
-    scale = _row_scale(sums_ref, x_ref.shape[1], eps)
     gate, up = gate * scale, up * scale
     dtype = o_ref.dtype  # `reference.swiglu_product`'s roundings as casts, which Triton keeps
     act = jax.nn.silu(gate.astype(dtype).astype(F32)).astype(dtype)

@@ -4,7 +4,7 @@ path's logits.
 `few_row_kernel()` is what the engine's steps trace under; here the dispatch is made to pick the kernel
 wherever it would on a GPU (the MLP's gate/up through the fused SwiGLU kernel). bf16 weights:
 the two paths round the same fp32 sums to bf16 in a different summation order (bound: 1% of the largest
-logit).
+logit). The engine's decode step with `gemv_add` and the norms it defers, against the weights in fp32.
 """
 
 import dataclasses
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
@@ -50,16 +51,21 @@ def test_decode_logits_match_xla_dots(monkeypatch):
 @pytest.mark.parametrize("ops", [{"gemv_add"}, {"gemv_add", "gemv", "gemv_swiglu"}])
 def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     """The engine's steps add each output and down projection to the residual stream with `gemv_add` (tiles
-    small enough here for 8 K-splits, summed by whichever program arrives last), and the decode step's
-    projections after it apply the RMS norms from its sums of squares as they load (on the kernels or, with
-    `gemv_add` alone, in XLA): the same greedy tokens as the XLA path, and the top alternatives'
-    log-probabilities within bf16 rounding."""
+    small enough here for 8 K-splits, summed by whichever program arrives last), which also writes the next
+    RMS norm with its division deferred to the decode step's projections after it (on the kernels or, with
+    `gemv_add` alone, in XLA). That rounds the norm's output before the division, where HF rounds after it: as
+    accurate, not the same bits. So against the same weights in fp32: the same greedy tokens as the XLA bf16
+    path, and the top alternatives' log-probabilities off by at most twice as much as that path's (measured
+    over seeds 1-3: 0.9-1.5x on the mean)."""
     config = dataclasses.replace(preset("tiny"), linear_num_value_heads=16, vocab_size=512)
     model = hybrid_jax.random_model(config, "bfloat16", seed=1)
+    graph, state = nnx.split(model)
+    model_fp32 = nnx.merge(graph, jax.tree.map(lambda a: a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a,
+                                               state))
     prompts = [[5, 17, 300, 41], list(range(100, 121))]
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=5)
 
-    def generate():
+    def generate(model=model):
         engine = Engine(model, EngineConfig(max_batch=2, max_model_len=64, page_size=16, prefill_chunk=32,
                                             prefill_sizes=(32,), decode_sizes=(2,), max_prefill_seqs=2,
                                             num_pages=16)).start()  # not sized from free memory: a GPU holds 4
@@ -72,6 +78,7 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
         finally:
             engine.shutdown()
 
+    exact_tokens, exact_logprobs = generate(model_fp32)
     want_tokens, want_logprobs = generate()
     used, normed = [], []
 
@@ -95,5 +102,6 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     got_tokens, got_logprobs = generate()
     assert {op for op, ok in used if ok} >= ops
     assert any(normed) == (ops != {"gemv_add"})  # the norms went through the kernels' loads
-    assert got_tokens == want_tokens
-    np.testing.assert_allclose(got_logprobs, want_logprobs, rtol=0.01, atol=0.02)
+    assert got_tokens == want_tokens == exact_tokens
+    error = lambda logprobs: float(np.mean(np.abs(logprobs - exact_logprobs)))  # k-th best against k-th best
+    assert 0 < error(got_logprobs) <= 2 * error(want_logprobs)
