@@ -14,6 +14,11 @@ def is_pow2(n: int, minimum: int = 1) -> bool:
     return n >= minimum and n & (n - 1) == 0
 
 
+def next_pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1): Triton's block shapes are powers of two."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def gdn_unsupported(num_k_heads: int, num_v_heads: int, dk: int, dv: int, state_pool) -> str | None:
     """Why the GDN kernels cannot take these head shapes / state pool (None: they can)."""
     if not (is_pow2(dk, 16) and is_pow2(dv, 16)):

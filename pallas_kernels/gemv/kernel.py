@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.dispatch import next_pow2
+
 F32 = jnp.float32
 MIN_ROWS = 16  # tensor-core dot tiles need 16 rows (and Triton power-of-two shapes)
 
@@ -162,7 +164,7 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Arra
 
 def padded_rows(m: int) -> int:
     """Rows the kernel multiplies for m rows of x: a power of two >= 16."""
-    return max(MIN_ROWS, 1 << (m - 1).bit_length())
+    return max(MIN_ROWS, next_pow2(m))
 
 
 def _operands(x: jax.Array, dtype, sums: jax.Array | None, padded: int) -> tuple[jax.Array, ...]:
@@ -172,7 +174,7 @@ def _operands(x: jax.Array, dtype, sums: jax.Array | None, padded: int) -> tuple
     if sums is None:
         return (xp,)
     blocks = sums.shape[0]
-    return xp, jnp.pad(sums, ((0, (1 << (blocks - 1).bit_length()) - blocks), (0, padded - sums.shape[1])))
+    return xp, jnp.pad(sums, ((0, next_pow2(blocks) - blocks), (0, padded - sums.shape[1])))
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
@@ -301,7 +303,7 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     shapes = [jax.ShapeDtypeStruct((splits, padded, n), F32), jax.ShapeDtypeStruct((padded, n), F32)]
     if normed:
         shapes += [jax.ShapeDtypeStruct((padded, n), y_dtype),
-                   jax.ShapeDtypeStruct((1 << (blocks - 1).bit_length(), padded), F32)]
+                   jax.ShapeDtypeStruct((next_pow2(blocks), padded), F32)]
     inputs = (xp, w, rp, arrivals) + ((norm_weight,) if normed else ())
     _, out, *norm_out, arrivals = pl.pallas_call(
         kernel,

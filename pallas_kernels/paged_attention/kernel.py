@@ -44,6 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.dispatch import next_pow2
 from pallas_kernels.paged_attention.reference import decode_attention_output
 
 F32 = jnp.float32
@@ -59,10 +60,6 @@ def _div(x: jax.Array, d: int) -> jax.Array:
 
 def _cdiv(x: jax.Array, d: int) -> jax.Array:
     return _div(x + (d - 1), d)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def _check_block(name: str, n: int) -> None:
@@ -232,11 +229,11 @@ def paged_decode_attention(
     batch, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     group = num_q_heads // num_kv_heads
-    rows = max(_MIN_DOT_DIM, _next_pow2(group))
+    rows = max(_MIN_DOT_DIM, next_pow2(group))
     if num_splits is None:
         max_blocks = -(-page_tables.shape[1] * page_size // block_kv)
         want = -(-_TARGET_PROGRAMS // (batch * num_kv_heads))
-        num_splits = max(1, min(_next_pow2(want), max_blocks))
+        num_splits = max(1, min(next_pow2(want), max_blocks))
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     kernel = functools.partial(
         _decode_kernel,
@@ -302,7 +299,7 @@ def _combine_gate_kernel(lse_ref, o_part_ref, gate_ref, out_ref, *, group: int, 
     def _():
         h, r = j // group, lax.rem(j, group)
         num_splits = o_part_ref.shape[2]
-        lanes = jnp.arange(_next_pow2(num_splits), dtype=jnp.int32)  # [S'] (Triton's shapes are powers of two)
+        lanes = jnp.arange(next_pow2(num_splits), dtype=jnp.int32)  # [S'] (Triton's shapes are powers of two)
         real = lanes < num_splits
         splits = jnp.minimum(lanes, num_splits - 1)  # lanes past the splits re-read the last one, then drop it
         lse = jnp.where(real, lse_ref[b, h, splits, r], -jnp.inf)  # [S']
