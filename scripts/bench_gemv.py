@@ -1,6 +1,6 @@
 """Decode-shaped projections (few rows x weights): XLA's dot against the Pallas gemv kernel, in device time.
 
-    python scripts/bench_gemv.py [--batch 1 8 64] [--sweep] [--swiglu]
+    python scripts/bench_gemv.py [--batch 1 8 64] [--sweep] [--swiglu | --add]
 
 Per shape, 16 distinct weight sets (together larger than the L2 cache) run in one jit; the figure is the
 traced device time of all its kernels divided by 16, and the TB/s of weight bytes that implies.
@@ -9,7 +9,10 @@ checkpoint's own layout. ``pallas``: pallas_kernels.gemv at its default tuning, 
 weights of a set share the input); with --sweep also every tuning of a grid at batch 1, the best per shape
 and the tunings best over all the shapes run. ``--swiglu``: for the gate/up pairs instead, `gemv` plus the
 SwiGLU product against the fused `gemv_swiglu` at its tuning for the shape (`SWIGLU_TUNING`, else the
-default), and with --sweep every tuning of its grid: what `SWIGLU_TUNING` is read from. Writes JSON.
+default), and with --sweep every tuning of its grid: what `SWIGLU_TUNING` is read from. ``--add``: the down
+and output projections as the decode step runs them at batch 1 (`gemv_add`, one real row of 16, the next norm's
+outputs written), at the shape's tuning and with --sweep over `gemv`'s grid: what `ADD_TUNING` is read from.
+Writes JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from hybrid_jax.profiling import trace_kernels
-from pallas_kernels.gemv import gemv, gemv_swiglu
+from pallas_kernels.gemv import gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv.kernel import SWIGLU_MAX_ROWS
 from pallas_kernels.gemv.reference import swiglu_product
 
@@ -42,12 +45,13 @@ SHAPES = {  # name: (in, (out, ...)) of the decode step's projections at real si
     "27b gdn qkv+z+b+a": (5120, (10240, 6144, 48, 48)), "27b gdn out": (6144, (5120,)),
 }
 COPIES = 16
-SWEEP = [dict(block_n=bn, block_k=bk, num_stages=st, num_warps=nw, target_programs=tp)
-         for (bn, bk), st, nw, tp in itertools.product([(32, 128), (64, 128)], (3, 4), (4,),
-                                                       (264, 396, 528, 1056, 2112))]
+SWEEP = [dict(block_n=bn, block_k=bk, num_stages=st, target_programs=tp)
+         for bn, bk, st, tp in itertools.product((32, 64, 128), (64, 128), (3, 4), (264, 528, 1056))]
 
-SWIGLU_SWEEP = [dict(block_n=bn, num_warps=nw, num_stages=st)
-                for bn, nw, st in itertools.product((64, 128), (4, 8), (2, 3, 4))]
+ADD_SHAPES = ("down", "out")  # the projections added to the residual stream (`gemv_add`)
+
+SWIGLU_SWEEP = [dict(block_n=bn, block_k=bk, num_warps=nw, num_stages=st)
+                for bn, bk, nw, st in itertools.product((64, 128), (64, 128, 256), (4, 8), (2, 3, 4))]
 
 
 def run(variant: str, **tuning):
@@ -71,6 +75,37 @@ def run_swiglu(fused: bool, **tuning):
             return [gemv_swiglu(x, *ws, impl="kernel", **tuning) for ws in sets]
         return [swiglu_product(*gemv(x, ws, impl="kernel")) for ws in sets]
     return jax.jit(fn)
+
+
+def run_add(**tuning):
+    def fn(x, residual, norm_weight, arrivals, ws):
+        outs = []
+        for w in ws:  # as the decode step runs it: rows padded to the tile's, one real, the next norm's outputs
+            out, normed, arrivals = gemv_add(x, w, residual, arrivals, norm=(norm_weight, 1e-6), real_rows=1,
+                                             impl="kernel", **tuning)
+            outs += [out, normed.scaled, normed.sums]
+        return outs, arrivals
+    return jax.jit(fn)
+
+
+def add_row(name: str, x, weights, sweep: bool) -> dict:
+    """`gemv_add` (batch 1 in 16 rows, the next norm written) at its tuning for the shape, and its sweep."""
+    k, n = weights[0].shape
+    args = (x, jnp.zeros((x.shape[0], n), jnp.float32), jnp.ones((n,), x.dtype), jnp.zeros((n // 16,), jnp.int32),
+            weights)
+    row = {"shape": name, "batch": 1, "add_us": device_us(run_add(), *args)}
+    if sweep:
+        timed = []
+        for tuning in SWEEP:
+            try:
+                timed.append((device_us(run_add(**tuning), *args), tuning))
+            except Exception as e:  # noqa: BLE001 - a tuning the compiler rejects is skipped, with the reason shown
+                print(f"  {tuning}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
+        row["sweep"] = [{"us": us, **t} for us, t in timed]
+        if timed:
+            row["best_us"], row["best"] = min(timed, key=lambda r: r[0])
+    row["tbs"] = 2 * k * n / row.get("best_us", row["add_us"]) / 1e6
+    return row
 
 
 def swiglu_row(name: str, batch: int, x, sets, sweep: bool) -> dict:
@@ -114,33 +149,23 @@ def overall_best(rows: list[dict]) -> list[tuple[float, dict]]:
     return sorted(ranked, key=lambda r: r[0])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--sweep", action="store_true", help="also search the kernel's tuning at batch 1")
-    parser.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name contains one of these")
-    parser.add_argument("--swiglu", action="store_true", help="the gate/up pairs: fused SwiGLU kernel vs unfused")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+def shape_rows(name: str, d_in: int, widths: tuple[int, ...], args) -> list[dict]:
+    """The rows of one projection set: 16 weight copies, each batch (printed as they come)."""
     key = jax.random.key(0)
-    rows = []
-    for name, (d_in, widths) in SHAPES.items():
-        if args.shapes and not any(part in name for part in args.shapes):
-            continue
-        if args.swiglu and "gate+up" not in name:
-            continue
-        sets = [tuple(jax.random.normal(jax.random.fold_in(key, 100 * i + j), (d_in, n), jnp.bfloat16)
-                      for j, n in enumerate(widths)) for i in range(COPIES)]
+    sets = [tuple(jax.random.normal(jax.random.fold_in(key, 100 * i + j), (d_in, n), jnp.bfloat16)
+                  for j, n in enumerate(widths)) for i in range(COPIES)]
+    if args.add:
+        x = jnp.pad(jax.random.normal(key, (1, d_in), jnp.bfloat16), ((0, 15), (0, 0)))  # [16, K]: one real row
+        rows = [add_row(name, x, [ws[0] for ws in sets], args.sweep)]
+    elif args.swiglu:  # the dispatch never fuses beyond SWIGLU_MAX_ROWS
+        rows = [swiglu_row(name, batch, jax.random.normal(key, (batch, d_in), jnp.bfloat16), sets, args.sweep)
+                for batch in args.batch if batch <= SWIGLU_MAX_ROWS]
+    else:
         transposed = [tuple(w.T.copy() for w in ws) for ws in sets]
         nbytes = 2 * d_in * sum(widths)
+        rows = []
         for batch in args.batch:
             x = jax.random.normal(key, (batch, d_in), jnp.bfloat16)
-            if args.swiglu:
-                if batch > SWIGLU_MAX_ROWS:  # the dispatch never fuses there
-                    continue
-                rows.append(swiglu_row(name, batch, x, sets, args.sweep))
-                print(json.dumps(rows[-1]), flush=True)
-                continue
             row = {"shape": name, "in": d_in, "out": widths, "batch": batch}
             for variant, ws in (("xla", sets), ("xla_t", transposed), ("pallas", sets)):
                 row[f"{variant}_us"] = device_us(run(variant), x, ws)
@@ -151,12 +176,37 @@ def main() -> None:
                                      if us is not None), key=lambda r: r[0])
                 row.update(best_us=best_us, best_tbs=nbytes / best_us / 1e6, best=best)
             rows.append(row)
-            print(json.dumps(row), flush=True)
-        del sets, transposed
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--sweep", action="store_true", help="also search the kernel's tuning at batch 1")
+    parser.add_argument("--shapes", nargs="+", default=None, help="only the shapes whose name contains one of these")
+    parser.add_argument("--swiglu", action="store_true", help="the gate/up pairs: fused SwiGLU kernel vs unfused")
+    parser.add_argument("--add", action="store_true", help="the down / out projections as `gemv_add` runs them")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    rows = []
+    for name, (d_in, widths) in SHAPES.items():
+        if args.shapes and not any(part in name for part in args.shapes):
+            continue
+        if args.swiglu and "gate+up" not in name or args.add and not any(p in name for p in ADD_SHAPES):
+            continue
+        rows += shape_rows(name, d_in, widths, args)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": str(jax.devices()[0]), "sweep": SWIGLU_SWEEP if args.swiglu else SWEEP,
                        "rows": rows}, f, indent=1)
+    if args.add:
+        print(f"{'shape':20} {'gemv_add us':>11} {'best us':>8} {'TB/s':>5}  best tuning")
+        for r in rows:
+            print(f"{r['shape']:20} {r['add_us']:11.1f} {r.get('best_us', r['add_us']):8.1f} {r['tbs']:5.2f}  "
+                  f"{r.get('best', '')}")
+        return
     if args.swiglu:
         print(f"{'shape':20} {'B':>3} {'gemv+product us':>15} {'fused us':>9} {'best us':>8}  best tuning")
         for r in rows:

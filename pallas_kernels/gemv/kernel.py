@@ -18,7 +18,8 @@ fp32 partial and XLA sums the few partials (fused into the consumer).
 column block of both weights, walks K whole (the product needs finished sums) and writes
 silu(gate) * up, rounded as `reference.swiglu_product` rounds. It saves the product's launch and reads no
 gate/up activations back; its tiles are tuned per shape (`SWIGLU_TUNING`), and shapes with no measured win
-take `gemv` and the product.
+take `gemv` and the product. `gemv_add` takes `gemv`'s tiles except where a shape measured faster with its own
+(`ADD_TUNING`: the 9B and 27B down projections, 64-row K tiles).
 
 Why the Triton lowering: the loop is one load and one small dot per tile; Triton's pipelining of the
 loads is what a bandwidth-bound GEMV needs, with no warp specialisation to write by hand.
@@ -120,20 +121,20 @@ def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
     o_ref[:, cols] = (act.astype(F32) * up.astype(dtype).astype(F32)).astype(dtype)
 
 
-# (K, N) of a gate/up pair -> (block_n, num_warps, num_stages) where the fused kernel beat `gemv` and the
-# product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1); not 0.8B (7.6 against 7.5 us).
+# (K, N) of a gate/up pair -> (block_n, block_k, num_warps, num_stages) where the fused kernel beat `gemv` and
+# the product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1); not 0.8B (7.6 against 7.5 us).
 SWIGLU_TUNING = {
-    (2560, 9216): (128, 4, 3),  # 4B
-    (4096, 12288): (128, 4, 3),  # 9B
-    (5120, 17408): (64, 8, 2),  # 27B
+    (2560, 9216): (128, 128, 4, 3),  # 4B
+    (4096, 12288): (128, 128, 4, 3),  # 9B
+    (5120, 17408): (64, 64, 4, 3),  # 27B: 84.0 us against 86.5 with 128-row K tiles, 8 warps, 2 stages
 }
-SWIGLU_DEFAULT = (128, 4, 3)
+SWIGLU_DEFAULT = (128, 128, 4, 3)
 SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overflow shared memory
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "block_k", "block_n", "num_warps", "num_stages", "interpret"))
 def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Array | None = None,
-                eps: float | None = None, *, block_k: int = 128, block_n: int | None = None,
+                eps: float | None = None, *, block_k: int | None = None, block_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None, interpret: bool = False) -> jax.Array:
     """silu(x w_gate) * (x w_up): x [M, K], w_gate / w_up [K, N] (one dtype) -> [M, N] in the weights' dtype.
     ``sums``, ``eps``: as `gemv`'s (the row scale applies to both projections before the product).
@@ -143,9 +144,8 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Arra
     """
     m, k = x.shape
     n = w_gate.shape[1]
-    tuned = SWIGLU_TUNING.get((k, n), SWIGLU_DEFAULT)
-    block_n, num_warps, num_stages = (given or default for given, default in
-                                      zip((block_n, num_warps, num_stages), tuned, strict=True))
+    block_n, block_k, num_warps, num_stages = _tuned((block_n, block_k, num_warps, num_stages),
+                                                     SWIGLU_TUNING.get((k, n), SWIGLU_DEFAULT))
     block_k, (block_n,), _ = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=1)
     padded = padded_rows(m)
     operands = _operands(x, w_gate.dtype, sums, padded)
@@ -160,6 +160,11 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Arra
         name="gemv_swiglu",
     )(*operands, w_gate, w_up)  # [Mp, N]
     return out[:m]
+
+
+def _tuned(given: tuple, tuned: tuple) -> tuple:
+    """The tuning keywords given, the shape's measured tuning for those left None."""
+    return tuple(default if value is None else value for value, default in zip(given, tuned, strict=True))
 
 
 def padded_rows(m: int) -> int:
@@ -268,11 +273,22 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, *refs, block_k
         arrivals_ref[j] = 0  # ready for the next launch that reads these counters
 
 
+# (K, N) of an added projection -> (block_n, block_k, num_stages, target_programs) where it beat `gemv`'s
+# defaults (`ADD_DEFAULT`) on the H200 (`scripts/bench_gemv.py --add --sweep`, batch 1; the plain `gemv` sweep found
+# the same tiles best for these weights). The down projections: 9B 27.0 us against 27.8, 27B 44.5 against 45.6.
+ADD_TUNING = {
+    (12288, 4096): (64, 64, 4, 264),  # 9B down
+    (17408, 5120): (64, 64, 4, 528),  # 27B down
+}
+ADD_DEFAULT = (64, 128, 4, 264)
+
+
 @functools.partial(jax.jit, static_argnames=("real_rows", "y_dtype", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
 def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, norm_weight: jax.Array | None = None,
-             real_rows: int | None = None, y_dtype=None, *, block_k: int = 128, block_n: int = 64,
-             target_programs: int = 264, num_warps: int = 4, num_stages: int = 4, interpret: bool = False):
+             real_rows: int | None = None, y_dtype=None, *, block_k: int | None = None, block_n: int | None = None,
+             target_programs: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+             interpret: bool = False):
     """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> (out
     [M, N] fp32, scaled, sums, arrivals), in one launch: the K-split that finishes a column block last sums the
     splits' partials and adds the residual, so no separate sum-and-add kernel runs (two a layer in the decode
@@ -284,10 +300,13 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     deferred to the projections that read it (`gemv`'s ``sums``). Both None without a weight.
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
     ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
-    batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s.
+    batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s, those
+    left None from `ADD_TUNING` for this (K, N), else `ADD_DEFAULT` (`gemv`'s defaults).
     """
     m, k = x.shape
     n = w.shape[1]
+    block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
+                                                           ADD_TUNING.get((k, n), ADD_DEFAULT))
     y_dtype = jnp.dtype(y_dtype or w.dtype)
     block_k, (block_n,), splits = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=target_programs)
     if arrivals.shape[0] < n // block_n:

@@ -233,3 +233,18 @@ def test_swiglu_auto_falls_back_for_untuned_shapes(monkeypatch):
     x_many, _ = _inputs(1, gemv_kernel.SWIGLU_MAX_ROWS + 1, 128, (64,))
     gemv_swiglu(x_many, w_gate, w_up)
     assert "no measured tuning" in reasons[0] and reasons[1] is None and "rows >" in reasons[2]
+
+
+def test_add_takes_its_shapes_tuning_unless_given(monkeypatch):
+    """`gemv_add`'s tiles come from `ADD_TUNING` for its (K, N), and a keyword given overrides them: with the
+    table's 16-column blocks the launch needs one counter per 16 columns, with 32 given half as many."""
+    x, (w,) = _inputs(3, 1, 128, (96,))
+    residual = jnp.zeros((1, 96), jnp.float32)
+    monkeypatch.setitem(gemv_kernel.ADD_TUNING, (128, 96), (16, 64, 3, 20))
+    few = jnp.zeros(96 // 32, jnp.int32)  # 3 counters: enough for 32-column blocks, not for 16
+    with pytest.raises(ValueError, match="need at least 6 counters"):
+        gemv_kernel.gemv_add(x, w, residual, few, interpret=True)
+    got, _, _, arrivals = gemv_kernel.gemv_add(x, w, residual, few, block_n=32, interpret=True)
+    want, _, _ = gemv_reference.gemv_add(x, w, residual)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2**-7 * float(jnp.max(jnp.abs(want))))
+    np.testing.assert_array_equal(arrivals, 0)

@@ -50,6 +50,9 @@ CASES = {
     "gemv_add": (gemv_add, (s(ROWS, I), s(I, D), s(ROWS, D, dtype=F32), s(D // 16, dtype=I32))),
     "gemv_add_normed_27b": (gemv_add, (s(ROWS, 6144), s(6144, 5120), s(ROWS, 5120, dtype=F32),
                                        s(5120 // 16, dtype=I32), s(5120))),
+    "gemv_swiglu_27b": (gemv_swiglu, (s(ROWS, 5120), s(5120, 17408), s(5120, 17408))),  # its measured tiles
+    "gemv_add_normed_27b_down": (gemv_add, (s(ROWS, 17408), s(17408, 5120), s(ROWS, 5120, dtype=F32),
+                                            s(5120 // 16, dtype=I32), s(5120))),
     "gdn_decode": (gdn_decode, (s(B, HK, DK), s(B, HK, DK), s(B, HV, DV), s(B, HV, dtype=F32), s(B, HV, dtype=F32),
                                 s(B, dtype=I32), s(SLOTS, HV, DK, DV, dtype=F32))),
     "gdn_decode_fused": (
