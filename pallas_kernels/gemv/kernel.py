@@ -182,11 +182,15 @@ def _operands(x: jax.Array, dtype, sums: jax.Array | None, padded: int) -> tuple
     return xp, jnp.pad(sums, ((0, next_pow2(blocks) - blocks), (0, padded - sums.shape[1])))
 
 
+GEMV_DEFAULT = (64, 128, 4, 264)  # `gemv`'s (block_n, block_k, num_stages, target_programs)
+
+
 @functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
 def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax.Array | None = None,
-         eps: float | None = None, *, block_k: int = 128, block_n: int = 64, target_programs: int = 264,
-         num_warps: int = 4, num_stages: int = 4, interpret: bool = False) -> tuple[jax.Array, ...]:
+         eps: float | None = None, *, block_k: int | None = None, block_n: int | None = None,
+         target_programs: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+         interpret: bool = False) -> tuple[jax.Array, ...]:
     """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
     ``out_dtype`` (default: the weights' dtype).
 
@@ -195,10 +199,12 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax
     the norm's division deferred past the product (its own launch saved).
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
-    K-splits aim at (~2 programs per SM of the H200's 132). The defaults were the best over the 9B and 27B
-    projection sets in `scripts/bench_gemv.py --sweep`: 1% behind each set's own best on the geometric mean,
-    where 128 columns were 8% behind.
+    K-splits aim at (~2 programs per SM of the H200's 132). Those left None take `GEMV_DEFAULT`, the best over
+    the 9B and 27B projection sets in `scripts/bench_gemv.py --sweep`: 1-2% behind each set's own best on the
+    geometric mean, where 128 columns were 8% behind.
     """
+    block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
+                                                           GEMV_DEFAULT)
     m, k = x.shape
     widths = tuple(w.shape[1] for w in weights)
     dtype = weights[0].dtype
@@ -274,13 +280,12 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, *refs, block_k
 
 
 # (K, N) of an added projection -> (block_n, block_k, num_stages, target_programs) where it beat `gemv`'s
-# defaults (`ADD_DEFAULT`) on the H200 (`scripts/bench_gemv.py --add --sweep`, batch 1; the plain `gemv` sweep found
+# defaults (`GEMV_DEFAULT`) on the H200 (`scripts/bench_gemv.py --add --sweep`, batch 1; the plain `gemv` sweep found
 # the same tiles best for these weights). The down projections: 9B 27.0 us against 27.8, 27B 44.5 against 45.6.
 ADD_TUNING = {
     (12288, 4096): (64, 64, 4, 264),  # 9B down
     (17408, 5120): (64, 64, 4, 528),  # 27B down
 }
-ADD_DEFAULT = (64, 128, 4, 264)
 
 
 @functools.partial(jax.jit, static_argnames=("real_rows", "y_dtype", "block_k", "block_n", "target_programs",
@@ -301,12 +306,12 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
     ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
     batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s, those
-    left None from `ADD_TUNING` for this (K, N), else `ADD_DEFAULT` (`gemv`'s defaults).
+    left None from `ADD_TUNING` for this (K, N), else `GEMV_DEFAULT`.
     """
     m, k = x.shape
     n = w.shape[1]
     block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
-                                                           ADD_TUNING.get((k, n), ADD_DEFAULT))
+                                                           ADD_TUNING.get((k, n), GEMV_DEFAULT))
     y_dtype = jnp.dtype(y_dtype or w.dtype)
     block_k, (block_n,), splits = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=target_programs)
     if arrivals.shape[0] < n // block_n:
