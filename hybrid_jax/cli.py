@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
     serve.add_argument("--threads", type=int, default=64, help="request threads of the one worker process")
     serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger bodies get 413")
+    serve.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
+                       help="report ready once the largest decode and prefill programs are built (loaded from the "
+                            "cache or compiled) and build the rest in the background (default on)")
     serve.add_argument("--default-chat-template-kwargs", type=json.loads, default={},
                        help="JSON object of chat template arguments, e.g. '{\"enable_thinking\": false}'")
 
@@ -168,6 +171,7 @@ def _serve(args: argparse.Namespace) -> None:
                         decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         compilation_cache_dir=args.compilation_cache_dir or None,
+                        background_compile=args.background_compile,
                         default_chat_template_kwargs=args.default_chat_template_kwargs)
     serve(settings, args.host, args.port, args.threads)
 

@@ -1,5 +1,6 @@
-"""JAX's persistent compilation cache for the engine's programs: a restart reads them back instead of
-compiling every shape bucket again."""
+"""Where compiled programs persist across runs: JAX's compilation cache (XLA's compiled code) at the cache
+directory, and the engine's serialized executables (`engine.programs`) in its ``executables`` folder, which
+skip tracing and lowering as well."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from pathlib import Path
 import jax
 
 DEFAULT_DIR = "~/.cache/hybrid_jax/xla"
+
+
+def executable_dir(path: str | Path) -> Path:
+    """The engine's serialized executables under the cache directory ``path``."""
+    return Path(path).expanduser() / "executables"
 
 
 def enable_compilation_cache(path: str | Path) -> Path | None:

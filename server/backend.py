@@ -31,7 +31,8 @@ def default_llm(settings: Settings):
                max_waiting=settings.max_waiting, tensor_parallel_size=settings.tensor_parallel_size,
                memory_utilization=settings.gpu_memory_utilization,
                decode_steps=settings.decode_steps, decode_sizes=settings.decode_sizes,
-               compilation_cache_dir=settings.compilation_cache_dir)
+               compilation_cache_dir=settings.compilation_cache_dir,
+               background_compile=settings.background_compile)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

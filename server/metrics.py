@@ -44,6 +44,8 @@ class _EngineCollector:
         yield self._family(gauge, "hybrid_jax:state_slots_used", "GDN state slots in use.", get("slots_used"))
         yield self._family(gauge, "hybrid_jax:state_slots_total", "GDN state slots (without the null slot).",
                            get("slots_total"))
+        yield self._family(gauge, "hybrid_jax:programs_pending", "Programs still compiling in the background.",
+                           get("programs_pending"))
         yield self._family(counter, "vllm:prompt_tokens", "Prefilled prompt tokens.", get("prompt_tokens"))
         yield self._family(counter, "vllm:generation_tokens", "Generated tokens.", get("generation_tokens"))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "HYBRID_JAX_"
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class Settings:
     decode_steps: int = 4  # greedy decode steps per device call when no prompt waits
     decode_sizes: tuple[int, ...] | None = None  # decode batch buckets (env: "1,8,32"); None: powers of two
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
+    background_compile: bool = True  # ready once the largest buckets are built; the rest compile after
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
@@ -60,6 +62,10 @@ def _parse(name: str, raw: str, kind: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind == "bool":
+            if raw.lower() not in BOOLEANS:
+                raise ValueError(f"expected one of {sorted(BOOLEANS)}")
+            return BOOLEANS[raw.lower()]
         if kind.startswith("tuple[int"):
             return tuple(int(x) for x in raw.split(","))
         if kind.startswith("dict"):

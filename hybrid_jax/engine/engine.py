@@ -2,7 +2,10 @@
 
 Requests are admitted when their whole lifetime fits (a state slot plus KV pages for prompt + max_tokens),
 prefilled in chunks under a per-step token budget, then decoded together in fixed-shape batch buckets.
-Every shape bucket is compiled during a logged warm-up at start, so nothing compiles while serving.
+Every program (a step at one shape bucket) is loaded from the executable store or compiled during a logged
+warm-up at start, so nothing compiles while serving; with ``background_compile`` only the programs that can
+serve any request are built before ``start`` returns and the rest follow in a background thread, the engine
+running a larger bucket or a plainer variant until each is built.
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import NamedTuple
 
@@ -34,6 +36,7 @@ from hybrid_jax.engine.cache import (
     plan_layout,
     pool_shapes,
 )
+from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.sampler import Sampled, SamplingRows
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.engine.steps import (
@@ -72,6 +75,8 @@ class EngineConfig:
     decode_sizes: tuple[int, ...] | None = None  # batch buckets of the decode step (default: powers of two)
     compile_threads: int = 8  # warm-up programs compiled at once (tracing holds the GIL; XLA's compile does
     # not): fewer bounds the autotuner's scratch memory and the warm-up's CPU load
+    background_compile: bool = False  # build only the programs that serve any request before start returns (the
+    # largest decode and prefill buckets), the rest in a background thread after it
 
     def __post_init__(self):
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
@@ -173,7 +178,9 @@ class Engine:
     """Owns the model, the cache pools and the engine thread."""
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,
-                 eos_token_ids: tuple[int, ...] = (), valid_vocab: int | None = None):
+                 eos_token_ids: tuple[int, ...] = (), valid_vocab: int | None = None,
+                 executable_dir: str | os.PathLike | None = None):
+        """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`)."""
         self.model, self.config = model, config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.valid_vocab = valid_vocab or model.config.vocab_size
@@ -228,6 +235,10 @@ class Engine:
         self._inflight: DecodeCall | None = None
         self._first: FirstTokens | None = None
         self._take_first_tokens = jax.jit(take_first_tokens)
+        self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
+        store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
+        self.programs = Programs(self._program_specs(), store, self._program_context())
+        self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
         self._prefilling: list[Request] = []
@@ -298,48 +309,110 @@ class Engine:
     def stats(self) -> dict:
         return {"running": len(self._prefilling) + len(self._decoding), "waiting": len(self._waiting),
                 "pages_used": self.pages.num_used, "pages_total": self.pages.capacity,
-                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity, **self.counters}
+                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity,
+                "programs_pending": self.programs.pending, **self.counters}
+
+    def _program_specs(self) -> dict[tuple, ProgramSpec]:
+        """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
+        ("first_tokens", B), essential ones first: the general decode at the largest batch and the largest
+        prefill serve any request; the rest, smallest buckets first, only make some faster."""
+        # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
+        # from the compiled one's.
+        placed = lambda a: a.sharding if self.mesh is not None else None
+        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a)), self.pools)
+        largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
+        rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
+        specs = {}
+        for size in reversed(self.config.decode_buckets):
+            for (greedy, steps), fn in sorted(self._decode.items()):
+                specs["decode", greedy, steps, size] = ProgramSpec(
+                    f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", fn,
+                    (self._weights, pools, self.decode_batch([], size)),
+                    essential=size == largest_decode and not greedy)
+            specs["first_tokens", size] = ProgramSpec(
+                f"first tokens B={size}", self._take_first_tokens,
+                (rows(size), rows(self.config.max_prefill_seqs), rows(size)),
+                essential=size == largest_decode)
+        for size in reversed(self.config.prefill_buckets):
+            specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
+                                                 (self._weights, pools, self.prefill_batch([], size)),
+                                                 essential=size == largest_prefill)
+        # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
+        order = lambda key: (not specs[key].essential, key[-1], key[0] != "decode", -key[2] if key[0] == "decode"
+                             else 0)
+        return {key: specs[key] for key in sorted(specs, key=order)}
+
+    def _program_context(self) -> dict:
+        """What decides the programs besides their arguments' shapes (the executable store's key)."""
+        settings = {k: v for k, v in asdict(self.config).items()
+                    if k not in ("max_waiting", "compile_threads", "background_compile", "memory_utilization")}
+        return {"model": repr(self.model.config), "dtype": str(self.model.dtype), "valid_vocab": self.valid_vocab,
+                "engine": settings, "decode_steps": self.decode_steps, "layout": repr(self.layout)}
 
     def warmup(self) -> None:
-        """Compile every decode and prefill program now, several at a time, then run each once on a padding
-        batch (null slot and page): nothing compiles while serving.
+        """Load every stored program, compile the missing ones (only the essential ones with
+        ``background_compile``), then run each once on a padding batch (null slot and page): nothing compiles
+        while serving. On the CPU the runs are skipped; on a GPU a program's first run records its CUDA graphs.
 
         The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
         scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
-        room for when several programs compile at once."""
-        programs = [(f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", self._decode[greedy, steps],
-                     self.decode_batch([], size))
-                    for size in self.config.decode_buckets for greedy, steps in self._decode]
-        programs += [(f"prefill T={size}", self._prefill, self.prefill_batch([], size))
-                     for size in self.config.prefill_buckets]
-
-        # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
-        # from the compiled one's, and every program would compile again on its first call.
-        placed = lambda a: a.sharding if self.mesh is not None else None
-        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a)), self.pools)
-        self.pools = None
-
-        def compile_program(program) -> tuple[str, float]:
-            name, step, batch = program
-            start = time.perf_counter()
-            step.lower(self._weights, pools, batch).compile()  # fills jit's cache for these shapes
-            return name, time.perf_counter() - start
-
+        room for when several programs compile at once. Background compiles run one at a time beside the pools."""
+        programs, threads = self.programs, max(1, min(os.cpu_count() or 1, self.config.compile_threads))
         start = time.perf_counter()
-        workers = max(1, min(len(programs), os.cpu_count() or 1, self.config.compile_threads))
-        with ThreadPoolExecutor(workers, thread_name_prefix="hybrid-jax-compile") as pool:
-            for name, seconds in pool.map(compile_program, programs):
-                log.info("warm-up: %s compiled in %.1f s", name, seconds)
-        log.info("warm-up: %d programs compiled in %.1f s, %d at a time", len(programs), time.perf_counter() - start,
-                 workers)
-        self.pools = allocate_pools(pools, self._pool_shardings)
-        for _, step, batch in programs:
-            sampled, *_, self.pools = step(self._weights, self.pools, batch)
-            if step is self._prefill:
-                first_tokens = sampled.tokens
-        for size in self.config.decode_buckets:  # a first decode call's tokens (`decode_batch`)
-            self._take_first_tokens(np.zeros(size, np.int32), first_tokens, np.full(size, -1, np.int32))
+        loaded = programs.load_stored(threads)
+        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded,
+                 len(programs.specs), time.perf_counter() - start)
+        wanted = [k for k, spec in programs.specs.items() if spec.essential or not self.config.background_compile]
+        missing = [k for k in wanted if programs.get(k) is None]
+        if missing:
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
+            self.pools = None
+            seconds = programs.compile_missing(missing, threads, "compiling programs")
+            log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
+            self.pools = allocate_pools(shapes, self._pool_shardings)
+        if self.devices[0].platform == "cpu":  # nothing to record on a first run: ready now
+            self._warm = True
+            self._compile_rest()
+            return
+        start = time.perf_counter()
+        for key, compiled in list(programs.compiled.items()):
+            args = programs.specs[key].args
+            if key[0] == "first_tokens":
+                compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
+                         np.full(key[1], -1, np.int32))
+            else:
+                _, *_, self.pools = compiled(self._weights, self.pools, args[2])
         jax.block_until_ready(self.pools)
+        log.info("start-up: %d programs run once in %.1f s", len(programs.compiled), time.perf_counter() - start)
+        self._warm = True
+        self._compile_rest()
+
+    def _compile_rest(self) -> None:
+        if self.config.background_compile and self.programs.compile_rest() is not None:
+            log.info("start-up: %d programs left to build in the background (a larger bucket serves meanwhile)",
+                     self.programs.pending)
+
+    def _program(self, key: tuple):
+        """The compiled program for ``key``, or None while it is not built (after the warm-up); before a warm-up
+        (``start(warmup=False)``) a missing program is built on first use."""
+        compiled = self.programs.get(key)
+        if compiled is None and not self._warm:
+            compiled = self.programs.build(key)
+        return compiled
+
+    def _decode_program(self, variant: tuple[bool, int], n: int, size: int | None = None):
+        """(variant, bucket, program) for a decode call over ``n`` rows (at bucket ``size`` if given): the
+        smallest built bucket, with ``variant`` or, while it is not built, a plainer one that gives the same
+        tokens (one step per call; the general sampler); None if none is built at ``size``."""
+        greedy, steps = variant
+        variants = list(dict.fromkeys([variant, (greedy, 1), (False, 1)]))
+        buckets = [size] if size is not None else [b for b in self.config.decode_buckets if b >= n]
+        for bucket in buckets:
+            for v in variants:
+                compiled = self._program(("decode", *v, bucket))
+                if compiled is not None:
+                    return v, bucket, compiled
+        return None
 
     # -- the engine thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -466,24 +539,29 @@ class Engine:
             page_tables[i] = page_table_row(r.pages, width)
         rows, want_top = self._sampling_rows(requests, size, ahead)
         if ahead.any():
-            tokens = self._take_first_tokens(tokens, first.sampled.tokens, source)
+            take = self._program(("first_tokens", size))
+            if take is not None:
+                tokens = take(tokens, first.sampled.tokens, source)
+            else:  # not built yet: read prefill's tokens on the host
+                tokens = np.where(source >= 0, np.asarray(first.sampled.tokens)[np.maximum(source, 0)], tokens)
         batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
         if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
             batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
         return batch
 
     def _launch_decode(self, requests: list[Request], variant: tuple[bool, int],
-                       after: DecodeCall | None = None, first: FirstTokens | None = None) -> DecodeCall:
+                       after: DecodeCall | None = None, first: FirstTokens | None = None) -> DecodeCall | None:
         """Queue one decode call over ``requests`` (padded to their batch bucket); ``after``: the call in flight
         for the same requests, whose outputs on the device are this call's inputs (the host neither waits for
         them nor copies anything to the device); ``first``: prefill's unread samples, the last tokens of the
-        requests it names."""
-        if after is not None:
-            batch = after.next_batch
-        else:
-            size = self.config.decode_buckets[bisect.bisect_left(self.config.decode_buckets, len(requests))]
-            batch = self.decode_batch(requests, size, first)
-        sampled, next_batch, self.pools = self._decode[variant](self._weights, self.pools, batch)
+        requests it names. None (nothing queued) when ``after``'s bucket has no built program for ``variant``."""
+        size = after.next_batch.tokens.shape[0] if after is not None else None
+        choice = self._decode_program(variant, len(requests), size)
+        if choice is None:
+            return None
+        variant, size, program = choice
+        batch = after.next_batch if after is not None else self.decode_batch(requests, size, first)
+        sampled, next_batch, self.pools = program(self._weights, self.pools, batch)
         return DecodeCall(requests, variant, sampled, next_batch)
 
     def _run_decode(self) -> None:
@@ -508,8 +586,9 @@ class Engine:
             left = max(r.params.max_tokens - len(r.output_ids) - previous.steps for r in requests)
             self._inflight = self._launch_decode(requests, (greedy, self._steps_per_call(greedy, left)),
                                                  after=previous)
-            self._deliver_call(previous)
-            return
+            if self._inflight is not None:
+                self._deliver_call(previous)
+                return
         if previous is not None:
             self._deliver_call(previous)
         unread = {id(r) for r in first.requests} if first is not None else set()  # first token still on device
@@ -596,8 +675,10 @@ class Engine:
             chunks.append((r, n))
             budget -= n
         total = sum(n for _, n in chunks)
-        size = self.config.prefill_buckets[bisect.bisect_left(self.config.prefill_buckets, total)]
-        sampled, self.pools = self._prefill(self._weights, self.pools, self.prefill_batch(chunks, size))
+        buckets = self.config.prefill_buckets
+        size, program = next((b, p) for b in buckets[bisect.bisect_left(buckets, total):]
+                             if (p := self._program(("prefill", b))) is not None)
+        sampled, self.pools = program(self._weights, self.pools, self.prefill_batch(chunks, size))
         done, rows = [], []
         for s, (r, n) in enumerate(chunks):
             r.num_prefilled += n

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bisect
+import logging
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -13,7 +15,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from hybrid_jax.compilation_cache import enable_compilation_cache
+from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
@@ -22,6 +24,7 @@ from hybrid_jax.loader import load_pretrained, random_model
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
 
+log = logging.getLogger("hybrid_jax.engine")
 DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
 SCORE_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SCORE_LOGIT_CHUNK = 256  # positions whose logits are materialised at once when scoring
@@ -52,15 +55,20 @@ class LLM:
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", *, max_batch: int = 64,
                  max_model_len: int = 4096, seed: int = 0, warmup: bool = True,
                  compilation_cache_dir: str | None = None, **engine_options):
-        """``compilation_cache_dir``: keep compiled programs there across runs (see `enable_compilation_cache`)."""
+        """``compilation_cache_dir``: keep compiled programs there across runs (XLA's cache and the engine's
+        serialized executables: see `enable_compilation_cache` and `programs.ExecutableStore`)."""
         if compilation_cache_dir:
             enable_compilation_cache(compilation_cache_dir)
+        start = time.perf_counter()
         self.model, self.tokenizer, self.model_name = load_model_and_tokenizer(model, dtype, seed)
+        log.info("start-up: weights of %s (%s) ready in %.1f s", self.model_name, self.model.dtype,
+                 time.perf_counter() - start)
         self.config: Qwen35Config = self.model.config
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
-        self.engine = Engine(self.model, engine_config, eos_token_ids=eos, valid_vocab=valid_vocab)
+        self.engine = Engine(self.model, engine_config, eos_token_ids=eos, valid_vocab=valid_vocab,
+                             executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
         self.engine.start(warmup=warmup)
         graphdef, self._score_weights = nnx.split(self.model)
         self._score_fn = jax.jit(partial(_token_logprobs, graphdef))  # compiles per (batch, length) on first use

@@ -1,0 +1,315 @@
+"""Compiled programs kept on disk, so a restart loads the engine's executables instead of tracing, lowering and
+compiling them again (JAX's own compilation cache skips only XLA's compile).
+
+Each entry is keyed by everything that can change the program without changing its name: its arguments'
+shapes, dtypes and shardings, the model config, the engine settings, a digest of this package's and the
+kernels' source (tiles included), the jax and jaxlib versions, XLA flags, and the devices (platform, kind,
+count). A missing, stale or unreadable entry is compiled again and rewritten, with a log line.
+
+A serialized executable is code: loading one runs whatever it contains. `ExecutableStore` only reads a
+directory owned by the current user that neither group nor others can write, and writes entries 0600.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+from jax.experimental import serialize_executable
+from tqdm import tqdm
+
+log = logging.getLogger("hybrid_jax.engine")
+
+FORMAT = 1  # bump when the entry layout changes
+MAGIC = b"hybrid-jax executable\n"
+# Platforms where an executable read from JAX's compilation cache loses code when serialized again (XLA:CPU keeps
+# no object files for a deserialized executable: its fusions are missing when the entry is loaded).
+RESERIALIZE_LOSES_CODE = frozenset({"cpu"})
+SOURCE_PACKAGES = ("hybrid_jax", "pallas_kernels")
+ENV_KEYS = ("XLA_FLAGS", "HYBRID_JAX_KERNELS", "LIBTPU_INIT_ARGS")
+
+
+@cache
+def source_digest() -> str:
+    """sha256 over the Python source of the packages that build the programs (kernel tiles included)."""
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        root = Path(__import__(package).__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def environment(devices: Sequence[jax.Device]) -> dict[str, Any]:
+    """What, besides a program's own arguments, decides what it compiles to."""
+    import jaxlib
+
+    first = devices[0]
+    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "platform": first.platform,
+            "platform_version": first.client.platform_version, "device_kind": first.device_kind,
+            "devices": [d.id for d in devices], "process_count": jax.process_count(),
+            "x64": bool(jax.config.jax_enable_x64),
+            "matmul_precision": str(jax.config.jax_default_matmul_precision),
+            "env": {k: os.environ.get(k, "") for k in ENV_KEYS}, "source": source_digest()}
+
+
+def signature(args: Any) -> str:
+    """The arguments' tree structure and each leaf's shape, dtype and sharding (arrays or ShapeDtypeStructs)."""
+    leaves, tree = jax.tree.flatten(args)
+
+    def leaf(x) -> str:
+        sharding = getattr(x, "sharding", None)
+        weak = getattr(x, "weak_type", False)
+        return f"{tuple(x.shape)}:{x.dtype}:{'w' if weak else ''}:{sharding if sharding is not None else ''}"
+
+    return json.dumps([str(tree), [leaf(x) for x in leaves]])
+
+
+class StoreError(ValueError):
+    """The directory cannot hold executables safely (not ours, writable by others, or not creatable)."""
+
+
+class ExecutableStore:
+    """Serialized executables in one directory of the current user's, one file per key."""
+
+    def __init__(self, directory: str | Path, devices: Sequence[jax.Device]):
+        self.directory = Path(directory).expanduser()
+        self.devices = list(devices)
+        self._environment = environment(self.devices)
+        self._lock = threading.Lock()
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"compilation_cache_dir: cannot create {self.directory}: {e}") from e
+        check_private(self.directory)
+        if self.devices[0].platform == "cpu":
+            _initialize_lapack()
+
+    def key(self, name: str, context: dict[str, Any], args: Any) -> str:
+        """The text that identifies one program: its name, its arguments, ``context`` and the environment."""
+        return json.dumps({"name": name, "context": context, "args": signature(args), "env": self._environment},
+                          sort_keys=True, default=str)
+
+    def path(self, key: str) -> Path:
+        return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".xla")
+
+    def load(self, name: str, key: str) -> jax.stages.Compiled | None:
+        """The stored program for ``key``; None (logged) when it is missing, stale or unreadable."""
+        path = self.path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("executable cache: %s: cannot read %s (%s); compiling it again", name, path.name, e)
+            return None
+        try:
+            payload = _unwrap(blob)
+            stored_key, data, in_tree, out_tree = pickle.loads(payload)
+            if stored_key != key:
+                raise ValueError("the entry's key differs from the program's")
+            return serialize_executable.deserialize_and_load(data, in_tree, out_tree, backend=self.devices[0].client,
+                                                             execution_devices=self.devices)
+        except Exception as e:  # a truncated, corrupt or incompatible entry: never fatal
+            log.warning("executable cache: %s: entry %s unusable (%s: %s); compiling it again", name, path.name,
+                        type(e).__name__, e)
+            return None
+
+    def save(self, name: str, key: str, compiled: jax.stages.Compiled) -> bool:
+        """Write ``compiled`` under ``key`` (atomically, mode 0600); False (logged) if it cannot be stored."""
+        try:
+            data, in_tree, out_tree = serialize_executable.serialize(compiled)
+            blob = _wrap(pickle.dumps((key, data, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as e:
+            log.warning("executable cache: %s cannot be serialized (%s: %s)", name, type(e).__name__, e)
+            return False
+        path = self.path(key)
+        tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+        try:
+            with self._lock:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, path)
+        except OSError as e:
+            log.warning("executable cache: cannot write %s (%s)", path, e)
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
+
+
+def check_private(directory: Path) -> None:
+    """Raise StoreError unless ``directory`` is owned by this user and not writable by group or others."""
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise StoreError(f"compilation_cache_dir: {directory} belongs to another user (uid {info.st_uid}); "
+                         "serialized executables are code, so only a directory of your own is used")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreError(f"compilation_cache_dir: {directory} is writable by group or others "
+                         f"(mode {stat.S_IMODE(info.st_mode):o}); serialized executables are code: "
+                         f"`chmod go-w {directory}` or choose another directory")
+
+
+_compiles = threading.local()  # xla_cache_hit: whether this thread's last compile was read from JAX's cache
+
+
+def _note_xla_cache_hit(event: str, **_) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _compiles.xla_cache_hit = True
+
+
+jax.monitoring.register_event_listener(_note_xla_cache_hit)
+
+
+@cache
+def _initialize_lapack() -> None:
+    """Fill jaxlib's LAPACK function table, which the CPU executables' triangular solves call into (the GDN
+    reference's chunked form). JAX fills it while lowering such a solve; a program loaded without being lowered
+    in this process would call through empty pointers."""
+    a = jax.ShapeDtypeStruct((2, 2), "float32")
+    jax.jit(lambda x, y: jax.lax.linalg.triangular_solve(x, y, left_side=True, lower=True)).lower(a, a)
+
+
+def _wrap(payload: bytes) -> bytes:
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _unwrap(blob: bytes) -> bytes:
+    if not blob.startswith(MAGIC):
+        raise ValueError("not an executable entry")
+    digest, payload = blob[len(MAGIC): len(MAGIC) + 32], blob[len(MAGIC) + 32:]
+    if hashlib.sha256(payload).digest() != digest:
+        raise ValueError("checksum mismatch (truncated or corrupt)")
+    return payload
+
+
+class ProgramSpec(NamedTuple):
+    """One program the engine runs: a jitted function at one set of argument shapes."""
+
+    name: str  # for the log
+    fn: Any  # a jax.jit-wrapped function
+    args: tuple  # its arguments (arrays or ShapeDtypeStructs: only shapes, dtypes and shardings are read)
+    essential: bool  # compiled before the engine reports ready (others may follow in the background)
+
+
+class Programs:
+    """The engine's compiled programs by key: each loaded from the store or compiled (and stored).
+
+    ``prepare`` loads every stored program and compiles the missing essential ones (or all of them); the rest
+    compile one at a time in a background thread (``compile_rest``), each usable as soon as it is built.
+    """
+
+    def __init__(self, specs: dict[Any, ProgramSpec], store: ExecutableStore | None, context: dict[str, Any]):
+        self.specs, self.store, self.context = specs, store, context
+        self.compiled: dict[Any, jax.stages.Compiled] = {}
+        self.counts = {"loaded": 0, "compiled": 0}
+        self._count_lock = threading.Lock()
+        self._background: threading.Thread | None = None
+
+    def get(self, key) -> jax.stages.Compiled | None:
+        return self.compiled.get(key)
+
+    @property
+    def pending(self) -> int:
+        """Programs not built yet."""
+        return len(self.specs) - len(self.compiled)
+
+    def build(self, key) -> jax.stages.Compiled:
+        """Load ``key``'s program from the store, else lower and compile it (and store it)."""
+        spec = self.specs[key]
+        store_key = self.store.key(spec.name, self.context, spec.args) if self.store is not None else None
+        compiled = self.store.load(spec.name, store_key) if self.store is not None else None
+        if compiled is None:
+            _compiles.xla_cache_hit = False
+            compiled = spec.fn.lower(*spec.args).compile()
+            if self.store is not None:
+                if _compiles.xla_cache_hit and self.store.devices[0].platform in RESERIALIZE_LOSES_CODE:
+                    log.info("executable cache: %s came from JAX's compilation cache and is not stored", spec.name)
+                else:
+                    self.store.save(spec.name, store_key, compiled)
+            self._count("compiled")
+        else:
+            self._count("loaded")
+        self.compiled[key] = compiled
+        return compiled
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.counts[what] += n
+
+    def load_stored(self, threads: int) -> int:
+        """Load every program the store holds; returns how many."""
+        if self.store is None:
+            return 0
+        keys = [k for k in self.specs if k not in self.compiled]
+
+        def load(key):
+            spec = self.specs[key]
+            return key, self.store.load(spec.name, self.store.key(spec.name, self.context, spec.args))
+
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="hybrid-jax-load") as pool:
+            found = [(k, c) for k, c in pool.map(load, keys) if c is not None]
+        for key, compiled in found:
+            self.compiled[key] = compiled
+        self._count("loaded", len(found))
+        return len(found)
+
+    def compile_missing(self, keys: Sequence[Any], threads: int, progress: str) -> float:
+        """Build ``keys`` (those not built yet), ``threads`` at a time; returns the seconds taken."""
+        keys = [k for k in keys if k not in self.compiled]
+        start = time.perf_counter()
+        if not keys:
+            return 0.0
+
+        def build(key) -> tuple[str, float]:
+            t = time.perf_counter()
+            self.build(key)
+            return self.specs[key].name, time.perf_counter() - t
+
+        with ThreadPoolExecutor(max(1, min(threads, len(keys))), thread_name_prefix="hybrid-jax-compile") as pool, \
+                tqdm(total=len(keys), desc=progress, unit="program", disable=None, leave=False) as bar:
+            for name, seconds in pool.map(build, keys):
+                log.debug("%s: %s built in %.1f s", progress, name, seconds)
+                bar.update()
+        return time.perf_counter() - start
+
+    def compile_rest(self) -> threading.Thread | None:
+        """Build every program still missing in a background thread, one at a time (a failure is logged and
+        leaves that program missing: the engine runs a larger bucket or a plainer variant in its place)."""
+        rest = [k for k in self.specs if k not in self.compiled]
+        if not rest:
+            return None
+
+        def run():
+            start, failed = time.perf_counter(), 0
+            for key in rest:
+                try:
+                    self.build(key)
+                except Exception:
+                    failed += 1
+                    log.exception("background compile of %s failed", self.specs[key].name)
+            log.info("start-up: %d more programs built in the background in %.1f s%s", len(rest) - failed,
+                     time.perf_counter() - start, f" ({failed} failed)" if failed else "; all programs ready")
+
+        self._background = threading.Thread(target=run, name="hybrid-jax-background-compile", daemon=True)
+        self._background.start()
+        return self._background
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background compiles; True when none is running."""
+        if self._background is not None:
+            self._background.join(timeout)
+        return self._background is None or not self._background.is_alive()
