@@ -227,11 +227,12 @@ class Programs:
         """Programs not built yet."""
         return len(self.specs) - len(self.compiled)
 
-    def build(self, key) -> jax.stages.Compiled:
-        """Load ``key``'s program from the store, else lower and compile it (and store it)."""
+    def build(self, key, load: bool = True) -> jax.stages.Compiled:
+        """Load ``key``'s program from the store (unless ``load`` is False: already tried), else lower and
+        compile it (and store it)."""
         spec = self.specs[key]
         store_key = self.store.key(spec.name, self.context, spec.args) if self.store is not None else None
-        compiled = self.store.load(spec.name, store_key) if self.store is not None else None
+        compiled = self.store.load(spec.name, store_key) if self.store is not None and load else None
         if compiled is None:
             _compiles.xla_cache_hit = False
             compiled = spec.fn.lower(*spec.args).compile()
@@ -276,7 +277,7 @@ class Programs:
 
         def build(key) -> tuple[str, float]:
             t = time.perf_counter()
-            self.build(key)
+            self.build(key, load=False)
             return self.specs[key].name, time.perf_counter() - t
 
         with ThreadPoolExecutor(max(1, min(threads, len(keys))), thread_name_prefix="hybrid-jax-compile") as pool, \
@@ -297,7 +298,7 @@ class Programs:
             start, failed = time.perf_counter(), 0
             for key in rest:
                 try:
-                    self.build(key)
+                    self.build(key, load=False)
                 except Exception:
                     failed += 1
                     log.exception("background compile of %s failed", self.specs[key].name)

@@ -1,0 +1,139 @@
+"""The executable store: a restarted engine loads its programs instead of compiling them and gives the same tokens;
+a corrupt or stale entry is compiled again; a directory others can write is refused; background compiles serve
+the same tokens as a full warm-up."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.programs import ExecutableStore, StoreError
+from hybrid_jax.engine.sampling_params import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A fresh process without JAX's compilation cache (its hits are not stored on the CPU: see programs.py).
+RUN = """
+import json, sys
+import numpy as np
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.sampling_params import SamplingParams
+
+model = hybrid_jax.random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", seed=1)
+config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2)
+engine = Engine(model, config, executable_dir=sys.argv[1]).start()
+rng = np.random.default_rng(0)
+params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+handles = [engine.submit(rng.integers(0, 512, n).tolist(), params) for n in (5, 40)]
+tokens = [[e.token_id for e in h if e.token_id is not None] for h in handles]
+engine.shutdown()
+print(json.dumps({"counts": engine.programs.counts, "total": len(engine.programs.specs), "tokens": tokens}))
+"""
+
+
+def run_engine(directory: Path, max_model_len: int = 128) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env.update(JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
+    out = subprocess.run([sys.executable, "-c", RUN, str(directory), str(max_model_len)], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.mark.slow
+def test_restart_loads_every_program_and_gives_the_same_tokens(tmp_path):
+    store = tmp_path / "executables"
+    cold, _ = run_engine(store)
+    assert cold["counts"] == {"loaded": 0, "compiled": cold["total"]}
+    warm, _ = run_engine(store)
+    assert warm["counts"] == {"loaded": warm["total"], "compiled": 0}
+    assert warm["tokens"] == cold["tokens"]
+
+    entries = sorted(store.glob("*.xla"))
+    assert len(entries) == cold["total"]
+    victim = max(entries, key=lambda p: p.stat().st_size)  # a step program, not a tiny one
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
+    entries[0].write_bytes(b"garbage")
+    repaired, log = run_engine(store)
+    assert repaired["counts"] == {"loaded": repaired["total"] - 2, "compiled": 2}
+    assert repaired["tokens"] == cold["tokens"]
+    assert log.count("unusable") == 2 and "compiling it again" in log
+
+    other, _ = run_engine(store, max_model_len=96)  # another engine setting: other keys, nothing loaded
+    assert other["counts"]["loaded"] == 0
+
+
+def test_keys_name_everything_that_changes_a_program(tmp_path):
+    store = ExecutableStore(tmp_path / "x", jax.devices()[:1])
+    args = (jax.ShapeDtypeStruct((4, 8), np.float32), np.zeros(3, np.int32))
+    key = store.key("decode", {"engine": {"max_batch": 4}}, args)
+    assert store.key("decode", {"engine": {"max_batch": 4}}, args) == key
+    assert store.key("decode", {"engine": {"max_batch": 8}}, args) != key
+    assert store.key("prefill", {"engine": {"max_batch": 4}}, args) != key
+    assert store.key("decode", {"engine": {"max_batch": 4}}, (args[0], np.zeros(4, np.int32))) != key
+    assert store.key("decode", {"engine": {"max_batch": 4}}, (args[0], np.zeros(3, np.int64))) != key
+    env = json.loads(key)["env"]
+    assert {"jax", "jaxlib", "device_kind", "devices", "source", "env"} <= env.keys()
+
+
+def test_a_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(StoreError, match="writable by group or others"):
+        ExecutableStore(shared, jax.devices()[:1])
+    shared.chmod(0o755)
+    ExecutableStore(shared, jax.devices()[:1])
+
+
+def test_unreadable_entries_are_misses(tmp_path, caplog):
+    store = ExecutableStore(tmp_path / "x", jax.devices()[:1])
+    compiled = jax.jit(lambda x: x * 2 + 1).lower(np.ones(3, np.float32)).compile()
+    key = store.key("double", {}, (np.ones(3, np.float32),))
+    assert store.load("double", key) is None  # missing: no log line
+    assert store.save("double", key, compiled)
+    assert os.stat(store.path(key)).st_mode & 0o777 == 0o600
+    np.testing.assert_array_equal(store.load("double", key)(np.ones(3, np.float32)), np.full(3, 3.0))
+    other = store.key("other", {}, (np.ones(3, np.float32),))
+    store.path(other).write_bytes(store.path(key).read_bytes())  # an entry under the wrong name
+    assert store.load("other", other) is None and "differs" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hybrid_jax.load_pretrained(ROOT / "tests" / "fixtures" / "golden" / "causal_grouped", "float32")
+
+
+def test_background_compiles_serve_the_same_tokens(model):
+    """Ready with only the largest buckets built: requests run on them (or a plainer variant) while the rest
+    compile, with the tokens of an engine that built everything first."""
+    options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2,
+                   decode_steps=3)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 512, n).tolist() for n in (3, 30, 70)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+    def serve(engine):
+        try:
+            handles = [engine.submit(p, params) for p in prompts]
+            return [[e.token_id for e in h if e.token_id is not None] for h in handles]
+        finally:
+            engine.shutdown()
+
+    full = Engine(model, EngineConfig(**options)).start()
+    assert full.programs.pending == 0
+    want = serve(full)
+    background = Engine(model, EngineConfig(**options, background_compile=True)).start()
+    built = set(background.programs.compiled)
+    assert {k for k, spec in background.programs.specs.items() if spec.essential} <= built
+    assert background.programs.pending > 0 or len(built) == len(background.programs.specs)
+    assert serve(background) == want
+    assert background.programs.wait(600) and background.programs.pending == 0
