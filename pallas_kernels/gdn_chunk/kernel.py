@@ -54,7 +54,7 @@ Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in 
 
 Precision: the diagonal 16 x 16 inverses are fp32. The doubling product cancels where forward substitution
 does not: with near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the
-bf16 rounding that T gets for the W and U products; in TF32 the same case gave errors of ~25 on W. The blocks
+bf16 rounding that T gets for the W and U products; in TF32 the same case gives errors of ~25 on W. The blocks
 below the diagonal take one TF32 product each with bf16 inputs (as fla 0.6.0's fused solve does on TF32 GPUs,
 `ops/gated_delta_rule/chunk_fwd.py`; ~1e-3 relative, under that bf16 rounding; fp32 with fp32 inputs).
 Products whose operands are q/k/v-sized take the input dtype (bf16 inputs: tensor cores with fp32
