@@ -22,11 +22,11 @@ import aiohttp
 import numpy as np
 
 
-async def one_request(session, url: str, payload: dict) -> dict:
+async def one_request(client, url: str, payload: dict) -> dict:
     start = time.perf_counter()
     stamps: list[float] = []
     completion_tokens = None
-    async with session.post(url, json=payload) as resp:
+    async with client.post(url, json=payload) as resp:
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
         async for raw in resp.content:
@@ -67,20 +67,20 @@ async def sweep_point(args, prompts, concurrency: int | None, qps: float | None)
     payloads = [{"model": args.model, "prompt": p, "max_tokens": args.output_len, "temperature": 0,
                  "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout) as client:
         start = time.perf_counter()
         if concurrency:
             gate = asyncio.Semaphore(concurrency)
 
             async def limited(p):
                 async with gate:
-                    return await one_request(session, url, p)
+                    return await one_request(client, url, p)
             results = await asyncio.gather(*(limited(p) for p in payloads))
         else:
             rng = random.Random(0)
             tasks = []
             for p in payloads:
-                tasks.append(asyncio.create_task(one_request(session, url, p)))
+                tasks.append(asyncio.create_task(one_request(client, url, p)))
                 await asyncio.sleep(rng.expovariate(qps))
             results = await asyncio.gather(*tasks)
         wall = time.perf_counter() - start

@@ -74,7 +74,7 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
     is greedy and none wants top logprobs, so the step has no data-dependent branch. Each such branch
     (lax.cond) makes the host wait for the device mid-call, which stops the next call from being queued
-    behind this one (0.8B decode step on the H200, calls back to back: 3.3 ms with the branches, 1.7 without).
+    behind this one (at 0.8B the branches about double a decode call's time back to back: docs/DESIGN.md).
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab

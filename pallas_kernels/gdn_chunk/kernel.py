@@ -15,15 +15,14 @@ sequences, gc = the in-chunk cumulative log-decay:
                           S <- exp(gc_last) S + (K * exp(gc_last - gc))^T V'
 
 Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state update is sequential):
-1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all
-   chunks of all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots
-   `cu[s] // C + s` onwards (T // C + S slots bound the batch); a program finds its sequence by binary
-   search over `cu_seqlens` (a table of chunk ranges computed by XLA beforehand cost more in its own
-   launches than the search: 9B, T = 1024, 0.085 -> 0.126 ms a call). T is built from 16 x 16 blocks
-   (tl.dot's minimum): each diagonal block by the doubling product (I + A)^-1 = (I - A)(I + A^2)(I + A^4)
-   (I + A^8) (A^16 = 0: six fp32 products instead of 15 dependent row steps of forward substitution), the
-   blocks below by block substitution `T_ij = -T_ii sum_m A_im T_mj` (TF32 products with bf16 inputs, fp32
-   with fp32 inputs; see Precision); then W, U are sums of block products.
+1. `_prepare_kernel`, grid (chunk, value head): everything that needs no state, in parallel over all chunks of
+   all sequences: gc, the blocked inverse T and W, U. Sequence s owns chunk slots `cu[s] // C + s` onwards
+   (T // C + S slots bound the batch); a program finds its sequence by binary search over `cu_seqlens` (cheaper
+   than a table of chunk ranges built by XLA in launches of its own). T is built from 16 x 16 blocks (tl.dot's
+   minimum): each diagonal block by the doubling product (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)
+   (A^16 = 0: six fp32 products instead of 15 dependent row steps of forward substitution), the blocks below by
+   block substitution `T_ij = -T_ii sum_m A_im T_mj` (TF32 products with bf16 inputs, fp32 with fp32 inputs;
+   see Precision); then W, U are sums of block products.
 2. `_state_kernel`, grid (sequence, value head, dv block): the state recurrence, sequential over the chunks
    of one sequence with the [dk, block_v] fp32 state slice in registers (the dv columns of the delta rule
    are independent, so dv blocks add parallelism without communication). Per chunk it stores V' and the
@@ -37,17 +36,12 @@ Three `pallas_call`s (the split of fla's chunk_gated_delta_rule: only the state 
 Loads that feed a product directly are software-pipelined by Triton (`num_stages` tiles in flight through
 shared memory); a select on the loaded tile (zeroing rows past the sequence) stops that. So the state and
 output passes load whole 64-row tiles of in-bounds rows and mask rows past the sequence on the smaller
-operand or the result: V' (state pass), the causal select, V' and the store (output pass). Measured on the H200
-at 9B shapes, T = 8192 (device time per pass): state pass 308 -> 154 us (the earlier form prefetched the next
-chunk's tiles into registers by hand), output pass 239 -> 124 us (bf16 O alone: 171 us; then dk slices of 32,
-2 warps, 4 stages). Prepare pass: the blocks of T below the diagonal as TF32 products with bf16 inputs, on 2
-warps: 175 us alone (166 in the full benchmark), against all fp32 on 4 warps 213, TF32 on 4 warps 208, fp32
-on 2 warps 193; its k and v tiles for W and U are loaded after the solve (held through it: 225 us). The
-doubling inverse beat forward substitution (330 us on 4 warps and 191 on 2 in fla's in-register form);
-splitting the pass as fla does (a solve kernel writing T, then W, U in column slices) took 199 + 82 us, W and
-U as two 64-row products of T from a scratch copy 268 us, A accumulated over dk slices in a pipelined loop 3
-us less (not worth its code): it stays one kernel of 16-row block products. 8 warps were slower in every
-pass, 1 warp in the prepare pass (451 us).
+operand or the result: V' (state pass), the causal select, V' and the store (output pass).
+
+Tiles (the defaults of `gdn_chunk`, from H200 sweeps at 9B shapes): the prepare pass on 2 warps, loading
+the k and v tiles for W and U after the solve rather than holding them through it; the state pass 32 dv
+columns a program, 4 warps, 4 stages; the output pass 128 dv columns, dk slices of 32, 2 warps, 4 stages.
+The variants measured against these are in docs/DESIGN.md ("Alternatives measured").
 
 Why the Triton lowering:
 - Ragged rows: every tile is a gather of token rows through `cu_seqlens` (pointer tensors in Triton; TMA in
@@ -60,7 +54,7 @@ Mosaic GPU would add: TMA loads of the q/k/w/u tiles with a multi-stage ring in 
 
 Precision: the diagonal 16 x 16 inverses are fp32. The doubling product cancels where forward substitution
 does not: with near-equal keys and beta = 1 its error reaches ~1e-4 on entries of size 1 (tested), below the
-bf16 rounding that T gets for the W and U products; in TF32 the same case gave errors of ~25 on W. The blocks
+bf16 rounding that T gets for the W and U products; in TF32 the same case gives errors of ~25 on W. The blocks
 below the diagonal take one TF32 product each with bf16 inputs (as fla 0.6.0's fused solve does on TF32 GPUs,
 `ops/gated_delta_rule/chunk_fwd.py`; ~1e-3 relative, under that bf16 rounding; fp32 with fp32 inputs).
 Products whose operands are q/k/v-sized take the input dtype (bf16 inputs: tensor cores with fp32
@@ -179,7 +173,7 @@ def _prepare_kernel(cu_ref, k_ref, v_ref, g_ref, beta_ref, w_ref, u_ref, gc_ref,
                 acc = sum(_dot(a[i, m], t_blk[m, j], tf32=tf32) for m in range(j, i))  # [n, n]
                 t_blk[i, j] = -_dot(t_blk[i, i], acc, tf32=tf32)
 
-        # k again and v only now: fewer registers held through the solve (225 -> 213 us at 9B, T = 8192)
+        # k again and v only now: fewer registers held through the solve
         k = [k_ref[t[:, None], hk, cols_k] for t in tok]  # [n, dk] each
         v = [v_ref[t[:, None], h, cols_v] for t in tok]  # [n, dv] each
         for i in range(NUM_BLOCKS):

@@ -22,12 +22,13 @@ block of dv columns):
   L2-normalises q and k (q also scaled by dk^-1/2), computes g = -exp(A_log) softplus(a + dt_bias) and
   beta = sigmoid(b), and updates its state tile. State traffic: one read and one write; q and k of a key
   head are convolved by each of its programs (a few KiB, against the tile's 2 x 64 KiB / (dv / block_v)).
-  Splitting dv keeps one-row batches on many SMs: with a program per key head, batch 1 ran on 16.
+  Splitting dv keeps one-row batches on many SMs (a program per key head would run batch 1 on 16).
 
-Why the Triton lowering (to be confirmed by measurement on the H200): the work is elementwise products and
-reductions over [dk, block_v] tiles with no matmul worth a tensor core (one key per step), so wgmma and TMA,
-Mosaic GPU's strengths, buy little; what matters is enough programs / loads in flight to saturate HBM,
-which plain vectorised loads under Triton give, with no barrier or pipeline bookkeeping.
+Why the Triton lowering (the kernels move 65-76% of the H200's HBM bandwidth at batch 64): the work is
+elementwise products and reductions over [dk, block_v] tiles with no matmul worth a tensor core (one key
+per step), so wgmma and TMA, Mosaic GPU's strengths, buy little; what matters is enough programs / loads in
+flight to saturate HBM, which plain vectorised loads under Triton give, with no barrier or pipeline
+bookkeeping.
 
 Within a program, Triton does not order a thread's global store after another thread's load of the same
 address. The conv ring needs no ordering (no address is both read and written in a step), and the state
@@ -235,10 +236,8 @@ def gdn_decode_fused(
     (>= B; default B), zero past the batch, as the few-row projections downstream take them.
 
     block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
-    fill the GPU for this batch. On the H200 (`bench_kernels.py --decode-sweep`, engine traces): 9B batch 1,
-    5.5 us a layer in the decode step (9.8 us with the former program per key head); batch 64, 128 columns
-    and 4 warps, 0.096 ms at 9B and 0.138 ms at 27B, 65-68% of 4.3 TB/s of state traffic (70-73% before:
-    each key head's q/k is now convolved once per program); 8 warps and narrower tiles were slower there.
+    fill the GPU for this batch. At batch 64, 128 columns and 4 warps move 65-69% of the H200's 4.3 TB/s of
+    state traffic (`scripts/bench_kernels.py --decode-sweep`); 8 warps and narrower tiles are slower.
     """
     batch = slot_ids.shape[0]
     out_rows = output_rows(out_rows, batch)

@@ -122,11 +122,12 @@ def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
 
 
 # (K, N) of a gate/up pair -> (block_n, block_k, num_warps, num_stages) where the fused kernel beat `gemv` and
-# the product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1); not 0.8B (7.6 against 7.5 us).
+# the product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1; figures in docs/DESIGN.md). 0.8B and
+# 2B are absent: the fused kernel is no faster there.
 SWIGLU_TUNING = {
     (2560, 9216): (128, 128, 4, 3),  # 4B
     (4096, 12288): (128, 128, 4, 3),  # 9B
-    (5120, 17408): (64, 64, 4, 3),  # 27B: 84.0 us against 86.5 with 128-row K tiles, 8 warps, 2 stages
+    (5120, 17408): (64, 64, 4, 3),  # 27B
 }
 SWIGLU_DEFAULT = (128, 128, 4, 3)
 SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overflow shared memory
@@ -201,7 +202,7 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
     K-splits aim at (~2 programs per SM of the H200's 132). Those left None take `GEMV_DEFAULT`, the best over
     the 9B and 27B projection sets in `scripts/bench_gemv.py --sweep`: 1-2% behind each set's own best on the
-    geometric mean, where 128 columns were 8% behind.
+    geometric mean (128-column tiles: 8% behind).
     """
     block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
                                                            GEMV_DEFAULT)
@@ -281,7 +282,7 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, *refs, block_k
 
 # (K, N) of an added projection -> (block_n, block_k, num_stages, target_programs) where it beat `gemv`'s
 # defaults (`GEMV_DEFAULT`) on the H200 (`scripts/bench_gemv.py --add --sweep`, batch 1; the plain `gemv` sweep found
-# the same tiles best for these weights). The down projections: 9B 27.0 us against 27.8, 27B 44.5 against 45.6.
+# the same tiles best for these weights; figures in docs/DESIGN.md).
 ADD_TUNING = {
     (12288, 4096): (64, 64, 4, 264),  # 9B down
     (17408, 5120): (64, 64, 4, 528),  # 27B down

@@ -5,7 +5,7 @@ the raw projections) and the split combine with the output gate (`paged_decode_a
 Same signatures and semantics as `reference.py` (plus tuning keywords). Written for Pallas' Triton
 lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with `interpret=True` on CPU.
 
-Why the Triton lowering (first measurements below; a fuller sweep is still to do):
+Why the Triton lowering:
 - The paged layout needs a gather: each key of a block lives at its own slot
   `page_tables[seq, pos // page_size] * page_size + pos % page_size`. Under Triton a ref indexed by an
   int32 array is a tensor of pointers, so a block of `block_kv` keys is one load whatever the page size.
@@ -17,14 +17,9 @@ Mosaic GPU would change: per-page TMA copies `k_pages[page, :, h, :]` into an SM
 (TMA gathers of rows only come with Blackwell), wgmma with M = 64 per warpgroup (decode would pad its
 `G` rows to 64 or swap operands so the keys form M), page table and lengths read from SMEM.
 
-Figures (one H200, jax 0.11.2, random bf16 data, 9B attention shapes Hq 16 / Hkv 4 / hd 256, page 16):
-decode B=64 ctx 4096 254 us of device time with the split combine = 4.2 TB/s of KV (`bench_kernels.py
---attention-sweep`: block_kv 32 or 128 and 8 warps were slower; one split was 3% faster in that one run,
-so the default is kept). A synchronous call's wall time, ~0.49 ms, is mostly dispatch and sync. First
-session, 20 calls unrolled in one jit: B=64 ctx 4096 285 us (XLA dense attention on unpaged KV: 326 us),
-B=64 ctx 8192 526 us = 4.1 TB/s (XLA 620); B <= 8 ~20-60 us, on par with XLA (launch bound). Causal
-prefill T=4096 398 us = 345 TFLOP/s (cuDNN dense 303 us, XLA dense 1343 us); T=8192 1454 us (cuDNN 954);
-extend 512 on a 3584 prefix 140 us. write_kv T=4096: 20 us (XLA scatter 87).
+Tuning: block_kv 64, 2 stages, 4 warps by default; enough KV splits to fill the GPU (`_TARGET_PROGRAMS`).
+On the H200 (`scripts/bench_kernels.py --attention-sweep`, 9B heads, B=64, 4096-token contexts) decode reads
+K/V at ~4.2-4.3 TB/s of device time, split combine included; block_kv 32 or 128 and 8 warps are slower.
 
 Shared scheme of the attention kernels:
 - One program handles the query rows of ONE KV head: rows are (token, q head) pairs of that head's group,

@@ -23,7 +23,7 @@ fi
 if [ "$phase" != tp1 ]; then
   for size in "${sizes[@]}"; do
     if [ "${LOGITS:-1}" != 0 ]; then run "tp_logits_$size" 150 python3 scripts/gpu/tp_logits.py --size "$size" --tp 2; fi
-    # 0.6 of free memory for the caches at tp=2: at 0.85, 27B ran out of memory on the warm-up's first run
+    # 0.6 of free memory for the caches at tp=2: at 0.85, 27B runs out of memory on the warm-up's first run
     # (a 1.95 GiB temporary).
     run "engine_${size}_tp2" 200 "${bench[@]}" --size "$size" --tensor-parallel-size 2 --memory-utilization 0.6 \
       --out "$OUT/engine_${size}_tp2.json"

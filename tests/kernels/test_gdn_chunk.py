@@ -170,11 +170,11 @@ def test_kernel_real_shapes_gpu(num_v_heads):
 def test_kernel_near_equal_keys_gpu():
     """The solve's worst case at 9B head shapes, bf16: every key of a head within 1% of one key, beta = 1, no
     decay. The blocks of T below the diagonal are TF32 products on the GPU, the diagonal ones fp32 (TF32 there
-    cancels to errors of ~25 on W entries of 0.4: BENCHMARKS, ninth session). o is held to the bf16 tolerance.
+    cancels to errors of ~25 on W entries of 0.4: docs/DESIGN.md). o is held to the bf16 tolerance.
     The final state is ill-conditioned here: its components across the shared key come from key differences of
     1%, which the kernel's roundings (bf16 operands, 4e-3 relative; TF32 in the solve may add to them) reach:
-    on the H200, 4 of 1.5M entries exceeded 2e-2 + 2e-2 |x| by up to 0.0023 (differences up to 0.029). The
-    state is held to 3e-2 + 3e-2 |x|."""
+    a few entries in a million exceed 2e-2 + 2e-2 |x| on the H200 (by up to 0.0023), so the state is held to
+    3e-2 + 3e-2 |x|."""
     batch = Batch(10, [300, 64, 129], 3, 16, 32, 128, 128, jnp.bfloat16)
     rng = np.random.default_rng(11)
     base = rng.standard_normal((1, 16, 128))

@@ -55,8 +55,8 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     RMS norm with its division deferred to the decode step's projections after it (on the kernels or, with
     `gemv_add` alone, in XLA). That rounds the norm's output before the division, where HF rounds after it: as
     accurate, not the same bits. So against the same weights in fp32: the same greedy tokens as the XLA bf16
-    path, and the top alternatives' log-probabilities off by at most twice as much as that path's (measured
-    over seeds 1-3: 0.9-1.5x on the mean)."""
+    path, and the top alternatives' log-probabilities off by at most twice as much as that path's (0.9-1.5x
+    on the mean over seeds 1-3)."""
     config = dataclasses.replace(preset("tiny"), linear_num_value_heads=16, vocab_size=512)
     model = hybrid_jax.random_model(config, "bfloat16", seed=1)
     graph, state = nnx.split(model)
