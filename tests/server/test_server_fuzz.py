@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests.server.test_server_concurrency import ENGINE_GAUGES
 from tests.server.test_server_hostile_inputs import idle_engine
 
-EXAMPLES = 150
+EXAMPLES = 200
 FIELDS = ("prompt", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options", "stop",
           "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "top_logprobs", "echo", "tools",
           "tool_choice", "chat_template_kwargs", "response_format", "stop_token_ids", "ignore_eos", "model",
@@ -30,10 +30,19 @@ tool = st.fixed_dictionaries({"type": st.just("function") | text},
                              optional={"function": st.fixed_dictionaries({"name": text | values},
                                                                          optional={"parameters": values,
                                                                                    "description": values})})
+prompt = text | st.lists(st.integers(-5, 300_000), max_size=4) | st.lists(text | values, max_size=3) | values
 special = {"messages": st.lists(message, max_size=3) | values, "tools": st.lists(tool, max_size=2) | values,
-           "max_tokens": st.integers(-2, 3) | values, "n": st.integers(-1, 3) | values}
-bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=6).flatmap(
-    lambda base: st.fixed_dictionaries({k: special.get(k, st.just(v)) for k, v in base.items()}))
+           "max_tokens": st.integers(-2, 3) | values, "n": st.integers(-1, 3) | values, "prompt": prompt,
+           "stop": text | st.lists(text, max_size=3) | values, "tokens": st.lists(st.integers(-5, 300_000)) | values}
+# Mostly the endpoint's own field (a prompt, messages or tokens) plus a few others; sometimes anything at all.
+extra = st.dictionaries(st.sampled_from(FIELDS), values, max_size=5)
+MAIN_FIELDS = {"/v1/completions": "prompt", "/v1/chat/completions": "messages", "/tokenize": "prompt",
+               "/detokenize": "tokens"}
+
+
+def bodies(endpoint: str) -> st.SearchStrategy:
+    return st.dictionaries(st.sampled_from(FIELDS), values, max_size=5).flatmap(lambda fields: st.fixed_dictionaries(
+        {k: special.get(k, st.just(v)) for k, v in {MAIN_FIELDS[endpoint]: None, **fields}.items()}))
 
 
 def answer_is_sound(response: requests.Response) -> None:
@@ -50,12 +59,14 @@ def answer_is_sound(response: requests.Response) -> None:
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(endpoint=st.sampled_from(ENDPOINTS), body=bodies | values)
-def test_fuzzed_bodies_get_200_or_4xx(server, endpoint, body):
+@given(data=st.data())
+def test_fuzzed_bodies_get_200_or_4xx(server, data):
+    endpoint = data.draw(st.sampled_from(ENDPOINTS))
+    body = data.draw(bodies(endpoint) | values)
     if isinstance(body, dict) and not isinstance(body.get("max_tokens"), int | float):
         body.setdefault("max_tokens", 2)  # keep generations short; junk max_tokens values stay
-    data = json.dumps(body).encode()  # lone surrogates leave as \\ud800 escapes: valid JSON
-    response = server.post(endpoint, data=data, headers={**server.headers, "Content-Type": "application/json"})
+    raw = json.dumps(body).encode()  # lone surrogates leave as \\ud800 escapes: valid JSON
+    response = server.post(endpoint, data=raw, headers={**server.headers, "Content-Type": "application/json"})
     answer_is_sound(response)
 
 
