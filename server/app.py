@@ -1,6 +1,8 @@
-"""The Flask app factory of the OpenAI-compatible server (run it under gunicorn's gthread worker, one process).
+"""The Flask app factory of the OpenAI-compatible server (run it under gunicorn, one worker process).
 
-    gunicorn -k gthread -w 1 --threads 64 'server.app:create_app()'    # settings from HYBRID_JAX_* variables
+    gunicorn -k server.worker.PrereadThreadWorker -w 1 --threads 64 'server.app:create_app()'   # HYBRID_JAX_*
+
+(``hybrid-jax serve`` does this with the worker's limits from its flags; see server/worker.py.)
 
 The factory runs inside the worker process: it creates the backend there, which loads the model and warms
 up the engine in the background; /health says 200 once that is done.
