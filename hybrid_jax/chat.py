@@ -251,8 +251,8 @@ class ChatTemplate:
             )
         except ChatTemplateError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError) as e:
-            raise ChatTemplateError(f"chat template error: {e}") from e
+        except Exception as e:  # whatever the template raises on these messages (a sandbox bound too)
+            raise ChatTemplateError(f"chat template error: {type(e).__name__}: {e}") from e
 
     @cached_property
     def default_enable_thinking(self) -> bool:

@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", default=None, help="the model name clients must use")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on /v1 (default: $HYBRID_JAX_API_KEY, else "
+                            "$VLLM_API_KEY; none: no auth)")
     serve.add_argument("--max-waiting", type=int, default=4096, help="queued requests before 503")
     serve.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
     serve.add_argument("--threads", type=int, default=64, help="request threads of the one worker process")
@@ -52,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
                        help="report ready once the largest decode and prefill programs are built (loaded from the "
                             "cache or compiled) and build the rest in the background (default on)")
+    serve.add_argument("--request-read-timeout", type=float, default=15.0,
+                       help="seconds a request's head and body may take to arrive, else 408 (slow clients)")
+    serve.add_argument("--allowed-hosts", nargs="+", default=None,
+                       help="Host header values served, '.example.com' for subdomains, '*' for any (default: "
+                            "localhost and 127.0.0.1 on a loopback bind, else any)")
+    serve.add_argument("--special-tokens-in-messages", choices=("text", "tokens"), default="text",
+                       help="special-token text in chat messages: plain text (default) or control tokens (vLLM)")
     serve.add_argument("--default-chat-template-kwargs", type=json.loads, default={},
                        help="JSON object of chat template arguments, e.g. '{\"enable_thinking\": false}'")
 
@@ -160,19 +169,26 @@ def _score(args: argparse.Namespace) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     from server.launcher import serve
-    from server.settings import Settings
+    from server.settings import Settings, allowed_hosts_for, resolve_api_key
 
     if not isinstance(args.default_chat_template_kwargs, dict):
         raise SystemExit("--default-chat-template-kwargs: must be a JSON object")
+    try:
+        api_key = resolve_api_key(args.api_key)
+    except ValueError as e:
+        raise SystemExit(f"hybrid-jax: {e}") from e
     settings = Settings(model_path=args.model_path, served_model_name=args.served_model_name, dtype=args.dtype,
                         max_batch=args.max_batch, max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
-                        max_waiting=args.max_waiting, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                        max_waiting=args.max_waiting, api_key=api_key, max_body_bytes=args.max_body_bytes,
                         tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
                         decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         compilation_cache_dir=args.compilation_cache_dir or None,
                         background_compile=args.background_compile,
-                        default_chat_template_kwargs=args.default_chat_template_kwargs)
+                        default_chat_template_kwargs=args.default_chat_template_kwargs,
+                        request_read_timeout=args.request_read_timeout,
+                        allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
+                        special_tokens_as_text=args.special_tokens_in_messages == "text")
     serve(settings, args.host, args.port, args.threads)
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 from pathlib import Path
 
 import tokenizers
@@ -45,6 +46,28 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Like ``encode``, but special-token text (``<|im_start|>``) is encoded as ordinary text."""
+        return self._plain_backend.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def _plain_backend(self) -> tokenizers.Tokenizer:
+        backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    @cached_property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The text of every special token."""
+        decoder = self.backend.get_added_tokens_decoder()
+        return tuple(decoder[i].content for i in sorted(self.special_ids))
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """At least the characters any one token decodes to: the longest vocabulary entry (byte-level entries
+        spell one character per byte, so they are never shorter than their text)."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

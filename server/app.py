@@ -1,6 +1,8 @@
-"""The Flask app factory of the OpenAI-compatible server (run it under gunicorn's gthread worker, one process).
+"""The Flask app factory of the OpenAI-compatible server (run it under gunicorn, one worker process).
 
-    gunicorn -k gthread -w 1 --threads 64 'server.app:create_app()'    # settings from HYBRID_JAX_* variables
+    gunicorn -k server.worker.PrereadThreadWorker -w 1 --threads 64 'server.app:create_app()'   # HYBRID_JAX_*
+
+(``hybrid-jax serve`` does this with the worker's limits from its flags; see server/worker.py.)
 
 The factory runs inside the worker process: it creates the backend there, which loads the model and warms
 up the engine in the background; /health says 200 once that is done.
@@ -12,49 +14,24 @@ import atexit
 import hmac
 import logging
 import time
-from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from hybrid_jax.tokenizer import Tokenizer
 from server.backend import Backend
+from server.body import json_body
 from server.chat import ChatWriter, chat_prompt
 from server.completions import CompletionWriter
 from server.disconnect import DisconnectWatch
 from server.errors import APIError, bad_request, register_error_handlers
 from server.generation import Generation
+from server.limits import check_choices, check_stops, check_text_length, check_token_ids, fit_max_tokens
 from server.metrics import ServerMetrics
 from server.protocol import Reader, check_model, parse_chat, parse_completion
 from server.settings import Settings
 from server.streaming import sse_response
 
-
-def fit_max_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int, prompt_field: str) -> int:
-    """max_tokens checked against the context (vLLM's messages); None takes the rest of the context."""
-    if prompt_len >= max_model_len:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your request "
-                          f"has {prompt_len} input tokens. Please reduce the length of the input.", prompt_field)
-    if max_tokens is None:
-        return max_model_len - prompt_len
-    if prompt_len + max_tokens > max_model_len:
-        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                          f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the "
-                          f"completion). Please reduce the length of the messages or completion.", "max_tokens")
-    return max_tokens
-
-
-def check_token_ids(ids: list[int], tokenizer: Tokenizer, field: str) -> list[int]:
-    if not all(0 <= t < tokenizer.vocab_size for t in ids):
-        raise bad_request(f"{field}: token ids must be in [0, {tokenizer.vocab_size})", field)
-    return ids
-
-
-def _json_body() -> Any:
-    body = request.get_json(force=True, silent=True)
-    if body is None:
-        raise bad_request("the request body is not valid JSON")
-    return body
+CLIENT_CLOSED = "the client closed its side of the connection before the answer was ready; the request was cancelled"
 
 
 def _respond(writer, generation: Generation, stream: bool) -> Response:
@@ -62,10 +39,23 @@ def _respond(writer, generation: Generation, stream: bool) -> Response:
     if stream:
         return sse_response(writer.chunks(), generation.cancel)
     try:
-        with DisconnectWatch(request.environ.get("gunicorn.socket"), generation.abandon):
-            return jsonify(writer.response())
+        watch = DisconnectWatch(request.environ.get("gunicorn.socket"), generation.abandon)
+        with watch:
+            body = writer.response()
+        if watch.gone:  # never a cut-short 200 that looks complete
+            raise APIError(499, CLIENT_CLOSED)
+        return jsonify(body)
     finally:
         generation.cancel()  # a no-op unless building the response failed half-way
+
+
+def _serve(generation: Generation, make_writer, stream: bool) -> Response:
+    """Build the writer and respond; any error on the way cancels what was submitted."""
+    try:
+        return _respond(make_writer(generation), generation, stream)
+    except BaseException:
+        generation.cancel()
+        raise
 
 
 def create_app(settings: Settings | None = None, backend: Backend | None = None) -> Flask:
@@ -77,6 +67,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     metrics = ServerMetrics(backend.stats, backend.model_name)
     app = Flask("hybrid_jax.server")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    if settings.allowed_hosts is not None and "*" not in settings.allowed_hosts:
+        app.config["TRUSTED_HOSTS"] = list(settings.allowed_hosts)  # other Host headers: 400
     app.json.ensure_ascii = False
     app.json.sort_keys = False
     register_error_handlers(app)
@@ -106,45 +98,61 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                 "max_model_len": backend.max_model_len, "permission": []}
         return jsonify({"object": "list", "data": [card]})
 
+    def body():
+        return json_body(request, settings.max_body_bytes)
+
+    def prompt_of(req) -> tuple[list[int], bool]:
+        return chat_prompt(req, backend.template, backend.tokenizer, settings.default_chat_template_kwargs,
+                           backend.max_model_len, settings.special_tokens_as_text)
+
+    def check_request(req, prompts: int) -> None:
+        """What parsing could not check alone: the model, stop strings, choices; before any tokenizing."""
+        check_model(req.model, backend.model_name)
+        check_stops(req.params.stop, backend.max_model_len, backend.tokenizer)
+        check_choices(prompts * req.n, settings.max_waiting)
+
     @app.post("/v1/completions")
     def completions():
         backend.require()
-        req = parse_completion(_json_body(), backend.default_sampling)
-        check_model(req.model, backend.model_name)
+        req = parse_completion(body(), backend.default_sampling)
+        check_request(req, len(req.prompts))
         tokenizer = backend.tokenizer
-        prompt_ids = [tokenizer.encode(p) if isinstance(p, str) else check_token_ids(p, tokenizer, "prompt")
-                      for p in req.prompts]
+        for p in req.prompts:
+            if isinstance(p, str):
+                check_text_length(p, backend.max_model_len, tokenizer, "prompt")
+            else:
+                check_token_ids(p, tokenizer, "prompt")
+        prompt_ids = [tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
         for ids in prompt_ids:
             fit_max_tokens(len(ids), req.max_tokens, backend.max_model_len, "prompt")
         texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts] if req.echo else []
         generation = Generation(backend.engine, tokenizer, metrics, prompt_ids, req.n,
                                 lambda sample: req.params_for(sample, req.max_tokens))
-        writer = CompletionWriter(req, generation, texts, tokenizer, backend.model_name)
-        return _respond(writer, generation, req.stream)
+        return _serve(generation, lambda g: CompletionWriter(req, g, texts, tokenizer, backend.model_name),
+                      req.stream)
 
     @app.post("/v1/chat/completions")
     def chat_completions():
         backend.require()
-        req = parse_chat(_json_body(), backend.default_sampling)
-        check_model(req.model, backend.model_name)
-        prompt_ids, thinking = chat_prompt(req, backend.template, backend.tokenizer,
-                                           settings.default_chat_template_kwargs)
+        req = parse_chat(body(), backend.default_sampling)
+        check_request(req, 1)
+        prompt_ids, thinking = prompt_of(req)
         max_tokens = fit_max_tokens(len(prompt_ids), req.max_tokens, backend.max_model_len, "messages")
         generation = Generation(backend.engine, backend.tokenizer, metrics, [prompt_ids], req.n,
                                 lambda sample: req.params_for(sample, max_tokens))
-        writer = ChatWriter(req, generation, thinking, backend.tokenizer, backend.model_name)
-        return _respond(writer, generation, req.stream)
+        return _serve(generation, lambda g: ChatWriter(req, g, thinking, backend.tokenizer, backend.model_name),
+                      req.stream)
 
     @app.post("/tokenize")
     def tokenize():
         backend.require()
-        reader = Reader(_json_body())
+        reader = Reader(body())
         check_model(reader.string("model"), backend.model_name)
         if "messages" in reader.body:
-            ids, _ = chat_prompt(parse_chat(reader.body, {}), backend.template, backend.tokenizer,
-                                 settings.default_chat_template_kwargs)
+            ids, _ = prompt_of(parse_chat(reader.body, {}))
         elif (prompt := reader.string("prompt")) is not None:
-            ids = backend.tokenizer.encode(prompt)
+            ids = backend.tokenizer.encode(check_text_length(prompt, backend.max_model_len, backend.tokenizer,
+                                                             "prompt"))
         else:
             raise bad_request("prompt: field required (or messages)", "prompt")
         return jsonify({"count": len(ids), "max_model_len": backend.max_model_len, "tokens": ids})
@@ -152,7 +160,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     @app.post("/detokenize")
     def detokenize():
         backend.require()
-        reader = Reader(_json_body())
+        reader = Reader(body())
         check_model(reader.string("model"), backend.model_name)
         tokens = check_token_ids(reader.integers("tokens"), backend.tokenizer, "tokens")
         return jsonify({"prompt": backend.tokenizer.decode(tokens)})

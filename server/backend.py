@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid_jax.chat import ChatTemplate
-from server.errors import APIError
+from server.errors import unavailable
 from server.settings import Settings
 
 log = logging.getLogger("hybrid_jax.server")
@@ -79,10 +79,10 @@ class Backend:
             self.error = f"{type(e).__name__}: {e}"
 
     def require(self) -> None:
-        """503 until the engine is warmed up."""
+        """503 (with Retry-After) until the engine is warmed up."""
         if not self.ready.is_set():
             why = f"the model failed to load: {self.error}" if self.error else "the model is still loading"
-            raise APIError(503, why)
+            raise unavailable(why, 5 if self.error is None else 60)
 
     def stats(self) -> dict[str, int] | None:
         return self.engine.stats() if self.ready.is_set() else None

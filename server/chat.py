@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from hybrid_jax.chat import ChatTemplate, ChatTemplateError
+from hybrid_jax.special_text import PlainSpecialText
 from hybrid_jax.tokenizer import Tokenizer
 from server.completions import ENGINE_FAILED, response_header
 from server.errors import APIError, bad_request
 from server.generation import Choice, Generation
+from server.limits import check_text_length
 from server.logprobs import chat_logprobs, token_namer
 from server.protocol import JSON, ChatRequest
 from server.reasoning_parser import ReasoningStreamer, split_reasoning
@@ -30,17 +32,25 @@ def thinking_enabled(request_kwargs: JSON, default_kwargs: JSON, template: ChatT
     return template.default_enable_thinking
 
 
-def chat_prompt(request: ChatRequest, template: ChatTemplate, tokenizer: Tokenizer,
-                default_kwargs: JSON) -> tuple[list[int], bool]:
-    """(prompt token ids, thinking) of the conversation; a template error is a 400 on ``messages``."""
+def chat_prompt(request: ChatRequest, template: ChatTemplate, tokenizer: Tokenizer, default_kwargs: JSON,
+                max_model_len: int, special_tokens_as_text: bool = True) -> tuple[list[int], bool]:
+    """(prompt token ids, thinking) of the conversation; a template error is a 400 on ``messages``.
+
+    With ``special_tokens_as_text``, special-token text in the messages and tools is encoded as plain text;
+    only the template's own markup gives control tokens. A prompt too long for the context by its length in
+    characters is rejected before it is tokenized.
+    """
     thinking = thinking_enabled(request.template_kwargs, default_kwargs, template)
     kwargs = {**default_kwargs, **request.template_kwargs, "enable_thinking": thinking}
+    plain = PlainSpecialText(tokenizer) if special_tokens_as_text else None
+    mark = plain.mark if plain is not None else (lambda value: value)
     try:
-        text = template.render(request.messages, tools=request.tools,
-                               add_generation_prompt=request.add_generation_prompt, **kwargs)
+        text = template.render(mark(request.messages), tools=mark(request.tools),
+                               add_generation_prompt=request.add_generation_prompt, **mark(kwargs))
     except ChatTemplateError as e:
         raise bad_request(f"messages: {e}", "messages") from e
-    return tokenizer.encode(text), thinking
+    check_text_length(text, max_model_len, tokenizer, "messages")
+    return (plain.encode(text) if plain is not None else tokenizer.encode(text)), thinking
 
 
 class ChoiceParser:

@@ -26,11 +26,16 @@ def client_gone(sock: socket.socket) -> bool | None:
 
 
 class DisconnectWatch:
-    """While the ``with`` block runs, check ``sock`` every POLL_INTERVAL_S; call ``on_gone`` once if it closes."""
+    """While the ``with`` block runs, check ``sock`` every POLL_INTERVAL_S; call ``on_gone`` once if it closes.
+
+    A peer that only shut down its sending side looks the same as one that closed the connection (both read
+    as end of file), so both count as gone; ``gone`` then tells the handler not to send a cut-short answer.
+    """
 
     def __init__(self, sock: socket.socket | None, on_gone: Callable[[], None]):
         self._sock, self._on_gone = sock, on_gone
         self._done = threading.Event()
+        self.gone = False
 
     def __enter__(self) -> DisconnectWatch:
         if self._sock is not None:
@@ -46,5 +51,6 @@ class DisconnectWatch:
             if gone is None:
                 return
             if gone:
+                self.gone = True
                 self._on_gone()
                 return

@@ -16,7 +16,10 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
     413: "RequestEntityTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    499: "ClientClosedRequestError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -25,14 +28,28 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error to send to the client; ``code`` defaults to the HTTP status (as vLLM does)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | int | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | int | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.code = status if code is None else code
+        self.headers = headers or {}
 
     def body(self) -> dict:
-        kind = ERROR_TYPES.get(self.status) or HTTPStatus(self.status).phrase.replace(" ", "") + "Error"
+        kind = ERROR_TYPES.get(self.status) or _phrase(self.status).replace(" ", "") + "Error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def unavailable(message: str, retry_after_s: int) -> APIError:
+    """A 503 that says when to try again."""
+    return APIError(503, message, headers={"Retry-After": str(retry_after_s)})
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -51,12 +68,12 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(APIError)
     def api_error(e: APIError):
-        return jsonify(e.body()), e.status
+        return jsonify(e.body()), e.status, e.headers
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):
         status = e.code or 500
-        error = APIError(status, e.description or HTTPStatus(status).phrase)
+        error = APIError(status, e.description or _phrase(status))
         response = jsonify(error.body())
         if allowed := getattr(e, "valid_methods", None):
             response.headers["Allow"] = ", ".join(allowed)

@@ -17,7 +17,7 @@ from hybrid_jax.engine.engine import QueueFullError, RequestHandle, TokenEvent
 from hybrid_jax.engine.output import CompletionOutput, TextAssembler
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.tokenizer import Tokenizer
-from server.errors import APIError, from_value_error
+from server.errors import from_value_error, unavailable
 from server.metrics import ServerMetrics
 
 
@@ -52,6 +52,7 @@ class Generation:
         self.prompts = prompts
         self.arrival = time.monotonic()
         self.choices: list[Choice] = []
+        self.abandoned = False
         try:
             for prompt_ids in prompts:
                 for sample in range(n):
@@ -62,7 +63,7 @@ class Generation:
                                                TextAssembler(tokenizer, params, index)))
         except QueueFullError as e:
             self.cancel()
-            raise APIError(503, f"the server is overloaded, try again later ({e})") from e
+            raise unavailable(f"the server is overloaded, try again later ({e})", 1) from e
         except ValueError as e:
             self.cancel()
             raise from_value_error(e) from e
@@ -74,6 +75,8 @@ class Generation:
         """(choice, event, text delta) as the engine produces them, until every choice has finished."""
         pending = len(self.choices)
         for index, event in self._merged():
+            if self.abandoned:  # nobody reads the rest: leave it to the engine's cancellation
+                return
             choice = self.choices[index]
             if choice.finished:  # the rest of a request stopped by a stop string
                 continue
@@ -93,7 +96,8 @@ class Generation:
                 self.metrics.finished("abort", time.monotonic() - self.arrival)
 
     def abandon(self) -> None:
-        """Cancel the engine requests from another thread; ``events()`` then ends with their abort events."""
+        """Cancel the engine requests from another thread; ``events()`` then ends at its next event."""
+        self.abandoned = True
         for choice in self.choices:
             choice.handle.cancel()
 

@@ -1,10 +1,35 @@
-"""Run the app under gunicorn from Python: one gthread worker process (it owns the engine), many threads."""
+"""Run the app under gunicorn from Python: one worker process (it owns the engine), many request threads.
+
+The worker is gthread with requests read whole in its event loop (server.worker), so slow or idle sockets
+hold no request thread; it may keep as many connections open as the process may open files.
+"""
 
 from __future__ import annotations
 
+import logging
+import resource
+
 from gunicorn.app.base import BaseApplication
 
-from server.settings import Settings
+from server.settings import LOOPBACK_BINDS, Settings
+from server.worker import worker_class
+
+log = logging.getLogger("hybrid_jax.server")
+
+SPARE_FILES = 256  # file descriptors kept for the model, logs and the engine, beyond client connections
+
+
+def max_connections() -> int:
+    """Raise the open-files limit to its hard cap (at most 65536); the connections that leaves room for."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return max(soft - SPARE_FILES, 64)
 
 
 class GunicornServer(BaseApplication):
@@ -15,8 +40,9 @@ class GunicornServer(BaseApplication):
         self.options = {
             "bind": f"{host}:{port}",
             "workers": 1,
-            "worker_class": "gthread",
+            "worker_class": worker_class(settings.request_read_timeout, settings.max_body_bytes),
             "threads": threads,
+            "worker_connections": max_connections(),
             "timeout": 120,  # worker heartbeat; gthread beats while requests run
             "graceful_timeout": 10,
             "keepalive": 5,
@@ -37,5 +63,17 @@ class GunicornServer(BaseApplication):
         return create_app(self.settings)
 
 
+def auth_warning(settings: Settings, host: str) -> str | None:
+    """The warning for a server that anyone who can reach it may use, or None."""
+    if settings.api_key is None and host not in (*LOOPBACK_BINDS, "::1"):
+        return (f"serving on {host} without an API key: anyone who can reach this port can use the model "
+                "(set --api-key or $HYBRID_JAX_API_KEY)")
+    return None
+
+
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, threads: int = 64) -> None:
+    if (warning := auth_warning(settings, host)) is not None:
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        log.warning(warning)
     GunicornServer(settings, host, port, threads).run()

@@ -193,6 +193,10 @@ def _tool_name(tool: Any) -> str:
     name = function.get("name") if isinstance(function, dict) else None
     if not (isinstance(tool, dict) and tool.get("type", "function") == "function" and isinstance(name, str) and name):
         raise bad_request("tools: each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools")
+    for key, kind, what in (("parameters", dict, "an object (a JSON schema)"), ("description", str, "a string"),
+                            ("strict", bool, "a boolean")):
+        if function.get(key) is not None and not isinstance(function[key], kind):
+            raise bad_request(f"tools: function.{key} must be {what}", "tools")
     return name
 
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "HYBRID_JAX_"
-BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+API_KEY_VARIABLES = ("HYBRID_JAX_API_KEY", "VLLM_API_KEY")  # read in this order when no key is given
+LOOPBACK_BINDS = ("127.0.0.1", "localhost")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1")
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,16 @@ class Settings:
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    request_read_timeout: float = 15.0  # seconds for a request's head and body to arrive, else 408
+    allowed_hosts: tuple[str, ...] | None = None  # Host header values served (werkzeug patterns); None: any
+    special_tokens_as_text: bool = True  # special-token text in chat messages is encoded as plain text
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         """Settings from ``HYBRID_JAX_<FIELD>`` variables (upper case); unset ones keep their defaults."""
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"api_key": resolve_api_key(None, environ)}
         for f in fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is None or raw == "":
@@ -56,6 +61,23 @@ class Settings:
         return env
 
 
+def resolve_api_key(given: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The key given, else the first API_KEY_VARIABLES one set; an empty key is refused, not taken as none."""
+    environ = os.environ if environ is None else environ
+    if given is None:
+        given = next((environ[name] for name in API_KEY_VARIABLES if name in environ), None)
+    if given is not None and not given.strip():
+        raise ValueError("the API key is empty; leave it unset to serve without authentication")
+    return given
+
+
+def allowed_hosts_for(bind_host: str, given: list[str] | None) -> tuple[str, ...] | None:
+    """The Host header values to serve: those given ('*': any), else loopback names on a loopback bind."""
+    if given:
+        return None if "*" in given else tuple(given)
+    return LOOPBACK_HOSTS if bind_host in LOOPBACK_BINDS else None
+
+
 def _parse(name: str, raw: str, kind: str) -> Any:
     try:
         if kind == "int":
@@ -63,11 +85,13 @@ def _parse(name: str, raw: str, kind: str) -> Any:
         if kind == "float":
             return float(raw)
         if kind == "bool":
-            if raw.lower() not in BOOLEANS:
-                raise ValueError(f"expected one of {sorted(BOOLEANS)}")
-            return BOOLEANS[raw.lower()]
+            if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError("not a boolean (true/false)")
+            return raw.lower() in ("1", "true", "yes")
         if kind.startswith("tuple[int"):
             return tuple(int(x) for x in raw.split(","))
+        if kind.startswith("tuple[str"):
+            return tuple(x.strip() for x in raw.split(",") if x.strip())
         if kind.startswith("dict"):
             value = json.loads(raw)
             if not isinstance(value, dict):

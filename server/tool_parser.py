@@ -47,8 +47,9 @@ def parameter_schemas(tools: list[dict[str, Any]] | None) -> Schemas:
     """Parameter schemas by tool name, from OpenAI tools ({"type": "function", "function": {...}})."""
     schemas: Schemas = {}
     for tool in tools or []:
-        function = tool.get("function", tool)
-        properties = (function.get("parameters") or {}).get("properties")
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
         if isinstance(function.get("name"), str) and isinstance(properties, dict):
             schemas[function["name"]] = properties
     return schemas

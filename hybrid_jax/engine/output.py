@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from hybrid_jax.engine.engine import TokenEvent
 from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.engine.stop_strings import StopMatcher
 from hybrid_jax.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -33,6 +34,8 @@ class TextAssembler:
 
     Text that could still grow into a stop string is held back, so no delta ever has to be retracted;
     on a match the completion ends before the stop string (or after it, with include_stop_str_in_output).
+    The first stop string to complete wins (the longest, of those completing at the same character); the
+    work per delta is linear in the delta, whatever the stop strings' lengths.
     """
 
     def __init__(self, tokenizer: Tokenizer, params: SamplingParams, index: int = 0):
@@ -41,6 +44,7 @@ class TextAssembler:
         self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens)
         self.output = CompletionOutput(index, logprobs=[] if params.logprobs is not None else None)
         self._held = ""
+        self._stops = StopMatcher(params.stop) if params.stop else None
         self.stopped_by_string = False
 
     @property
@@ -59,7 +63,7 @@ class TextAssembler:
                 entry = {event.token_id: event.logprob}
                 entry.update(dict(event.top_logprobs or []))
                 out.logprobs.append(entry)
-            delta = self._apply_stop(self._held + self.detok.add(event.token_id))
+            delta = self._apply_stop(self.detok.add(event.token_id))
         if self.stopped_by_string:
             return self._emit(delta)
         if event.finish_reason is not None:
@@ -77,19 +81,21 @@ class TextAssembler:
         self.output.text += delta
         return delta
 
-    def _apply_stop(self, text: str) -> str:
-        stops = self.params.stop
-        if not stops:
+    def _apply_stop(self, new: str) -> str:
+        """The releasable part of the held text plus ``new``; holds back what may begin a stop string."""
+        text = self._held + new
+        if self._stops is None:
             self._held = ""
             return text
-        hits = [(text.find(s), s) for s in stops if s in text]
-        if hits:
-            at, stop = min(hits)
+        hit = self._stops.feed(new)
+        if hit is not None:
+            end, stop = hit
+            end += len(self._held)  # where the match ends in ``text``
             self.stopped_by_string = True
             self.output.finish_reason = "stop"
             self.output.stop_reason = stop
             self._held = ""
-            return text[: at + len(stop)] if self.params.include_stop_str_in_output else text[:at]
-        hold = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            return text[:end] if self.params.include_stop_str_in_output else text[: end - len(stop)]
+        hold = min(self._stops.partial, len(text))
         self._held = text[len(text) - hold:] if hold else ""
         return text[: len(text) - hold]

@@ -18,6 +18,8 @@ API_KEY = "test-key"
 MAX_MODEL_LEN = 384
 MAX_BATCH = 8
 MAX_BODY_BYTES = 1_000_000
+MAX_WAITING = 128
+READ_TIMEOUT_S = 3.0
 STARTUP_TIMEOUT_S = 240
 
 
@@ -25,10 +27,13 @@ class Server:
     max_model_len = MAX_MODEL_LEN
     max_batch = MAX_BATCH
     max_body_bytes = MAX_BODY_BYTES
+    max_waiting = MAX_WAITING
+    read_timeout_s = READ_TIMEOUT_S
     api_key = API_KEY
 
     def __init__(self, url: str, model: str):
         self.url, self.model = url, model
+        self.port = int(url.rsplit(":", 1)[1])
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
 
     def post(self, path: str, **kwargs) -> requests.Response:
@@ -54,8 +59,8 @@ def server(tmp_path_factory) -> Server:
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"}
     command = [sys.executable, "-m", "hybrid_jax.cli", "serve", "--port", str(port), "--max-batch", str(MAX_BATCH),
                "--max-model-len", str(MAX_MODEL_LEN), "--prefill-chunk", "32", "--decode-sizes", "2", str(MAX_BATCH),
-               "--threads", "96",
-               "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY_BYTES), "--max-waiting", "256"]
+               "--threads", "96", "--request-read-timeout", str(READ_TIMEOUT_S),
+               "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY_BYTES), "--max-waiting", str(MAX_WAITING)]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
