@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -22,14 +21,7 @@ def load_pretrained(path: str | Path, dtype="bfloat16") -> Qwen35ForCausalLM:
 
 
 def random_model(config: Qwen35Config | str, dtype="bfloat16", seed: int = 0) -> Qwen35ForCausalLM:
-    """A model with random weights at ``config``'s shapes (a preset name or a config); for tests and benchmarks.
-
-    The weights come out of one jitted program (the same values as building the module eagerly, parameter by
-    parameter), which the compilation cache keeps across runs."""
+    """A model with random weights at ``config``'s shapes (a preset name or a config); for tests and benchmarks."""
     if isinstance(config, str):
         config = preset(config)
-    dtype = jnp.dtype(dtype)
-    build = lambda seed: Qwen35ForCausalLM(config, dtype, rngs=nnx.Rngs(jax.random.key(seed)))
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: build(0)))
-    state = jax.jit(lambda seed: nnx.state(build(seed)))(seed)
-    return nnx.merge(graphdef, state)
+    return Qwen35ForCausalLM(config, jnp.dtype(dtype), rngs=nnx.Rngs(seed))

@@ -388,7 +388,10 @@ class Engine:
         self._compile_rest()
 
     def _compile_rest(self) -> None:
-        if self.config.background_compile and self.programs.compile_rest() is not None:
+        """Background compiles take a quarter of the warm-up's threads: each holds XLA's autotuner scratch beside
+        the allocated pools."""
+        threads = max(1, min(os.cpu_count() or 1, self.config.compile_threads) // 4)
+        if self.config.background_compile and self.programs.compile_rest(threads) is not None:
             log.info("start-up: %d programs left to build in the background (a larger bucket serves meanwhile)",
                      self.programs.pending)
 

@@ -287,21 +287,25 @@ class Programs:
                 bar.update()
         return time.perf_counter() - start
 
-    def compile_rest(self) -> threading.Thread | None:
-        """Build every program still missing in a background thread, one at a time (a failure is logged and
-        leaves that program missing: the engine runs a larger bucket or a plainer variant in its place)."""
+    def compile_rest(self, threads: int = 1) -> threading.Thread | None:
+        """Build every program still missing in a background thread, ``threads`` at a time, in order (a failure
+        is logged and leaves that program missing: the engine runs a larger bucket or a plainer variant)."""
         rest = [k for k in self.specs if k not in self.compiled]
         if not rest:
             return None
 
+        def build(key) -> bool:
+            try:
+                self.build(key, load=False)
+                return True
+            except Exception:
+                log.exception("background compile of %s failed", self.specs[key].name)
+                return False
+
         def run():
-            start, failed = time.perf_counter(), 0
-            for key in rest:
-                try:
-                    self.build(key, load=False)
-                except Exception:
-                    failed += 1
-                    log.exception("background compile of %s failed", self.specs[key].name)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(threads, thread_name_prefix="hybrid-jax-background-compile") as pool:
+                failed = sum(not ok for ok in pool.map(build, rest))
             log.info("start-up: %d more programs built in the background in %.1f s%s", len(rest) - failed,
                      time.perf_counter() - start, f" ({failed} failed)" if failed else "; all programs ready")
 

@@ -18,7 +18,7 @@ server=
 
 start_server() {  # $1: label; sets $server, appends {"label", "ready_s", "all_programs_s"} to $OUT/ready_SIZE.jsonl
   local start
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   python3 -m hybrid_jax.cli serve --model-path "$SIZE" --served-model-name "qwen3.5-$SIZE" --port "$PORT" \
     --max-batch "${MAX_BATCH:-64}" --max-model-len "${MAX_MODEL_LEN:-4096}" --prefill-chunk "${PREFILL_CHUNK:-1024}" \
     --decode-steps "${DECODE_STEPS:-4}" --compilation-cache-dir "$CACHE" > "$OUT/server_${SIZE}_$1.log" 2>&1 &
@@ -28,10 +28,10 @@ start_server() {  # $1: label; sets $server, appends {"label", "ready_s", "all_p
     sleep 0.2
   done
   local ready all
-  ready=$(echo "$(date +%s.%N) - $start" | bc)
-  until curl -s "localhost:$PORT/metrics" | grep -Eq '^hybrid_jax:programs_pending\{.*\} 0\.0$'; do sleep 0.5; done
-  all=$(echo "$(date +%s.%N) - $start" | bc)
-  printf '{"size": "%s", "label": "%s", "ready_s": %.1f, "all_programs_s": %.1f}\n' "$SIZE" "$1" "$ready" "$all" \
+  ready=$(( ($(date +%s%N) - start) / 1000000 ))
+  until curl -s "localhost:$PORT/metrics" | grep -Eq '^hybrid_jax:programs_pending\{.*\} 0\.0$' || [ $(( ($(date +%s%N) - start) / 1000000000 )) -gt "${ALL_TIMEOUT:-400}" ]; do sleep 0.5; done
+  all=$(( ($(date +%s%N) - start) / 1000000 ))
+  printf '{"size": "%s", "label": "%s", "ready_ms": %d, "all_programs_ms": %d}\n' "$SIZE" "$1" "$ready" "$all" \
     | tee -a "$OUT/ready_$SIZE.jsonl"
   grep "start-up" "$OUT/server_${SIZE}_$1.log" | sed 's/^.*start-up: /  /'
 }
