@@ -30,4 +30,6 @@ def enable_compilation_cache(path: str | Path) -> Path | None:
     except OSError as e:
         raise ValueError(f"compilation_cache_dir: cannot create {directory}: {e}") from e
     jax.config.update("jax_compilation_cache_dir", str(directory))
+    # Every program, the many small eager ones too (building random weights compiles one per parameter shape).
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     return directory

@@ -3,7 +3,7 @@
 # (bf16), time its start (to /health OK, and to every program built: /metrics' hybrid_jax:programs_pending 0),
 # run the serving sweep, stop the server, then the HF transformers baseline.
 #   OUT=out bash scripts/gpu/serve_bench.sh 9b [extra bench_serving.py flags]
-# COLD=1 first starts once with an empty cache ($CACHE, default $OUT/cache_SIZE) and stops it once every
+# SERVER_FLAGS adds server flags (e.g. --no-background-compile). COLD=1 first starts once with an empty cache ($CACHE, default $OUT/cache_SIZE) and stops it once every
 # program is built, so the benchmarked start is a warm one; both starts' times go to $OUT/ready_SIZE.json.
 # C120=1 (with MAX_MODEL_LEN >= 4224) adds 120 concurrent 4096-token prompts against the same server; HF=0 skips
 # the baseline (a c=1 check: HF=0 OUT=out bash scripts/gpu/serve_bench.sh 9b --concurrency 1 --num-prompts 8).
@@ -21,7 +21,7 @@ start_server() {  # $1: label; sets $server, appends {"label", "ready_s", "all_p
   start=$(date +%s%N)
   python3 -m hybrid_jax.cli serve --model-path "$SIZE" --served-model-name "qwen3.5-$SIZE" --port "$PORT" \
     --max-batch "${MAX_BATCH:-64}" --max-model-len "${MAX_MODEL_LEN:-4096}" --prefill-chunk "${PREFILL_CHUNK:-1024}" \
-    --decode-steps "${DECODE_STEPS:-4}" --compilation-cache-dir "$CACHE" > "$OUT/server_${SIZE}_$1.log" 2>&1 &
+    --decode-steps "${DECODE_STEPS:-4}" --compilation-cache-dir "$CACHE" ${SERVER_FLAGS:-} > "$OUT/server_${SIZE}_$1.log" 2>&1 &
   server=$!
   until curl -sf "localhost:$PORT/health" > /dev/null; do
     kill -0 $server 2> /dev/null || { echo "server died"; tail -20 "$OUT/server_${SIZE}_$1.log"; exit 1; }
