@@ -27,6 +27,11 @@ if [ ! -x .venv/bin/python ] || ! is_py312 .venv/bin/python; then
   "$(find_python)" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
+# The install is editable, so only a changed pyproject.toml needs pip again (a stamp per set of extras).
+stamp=".venv/.installed-${extras:-runtime}"
+want=$(.venv/bin/python -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
+[ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && exit 0
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 .venv/bin/python -m pip install -q -e "$spec"
+echo "$want" > "$stamp"

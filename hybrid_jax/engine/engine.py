@@ -202,7 +202,7 @@ class Engine:
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
         # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
-        # in Python node by node (on the H200 the tuple took 1.1 ms off each 0.8B decode call: 320 weights).
+        # in Python node by node (~10 us a weight a call: DESIGN).
         self._graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
         self._weights = tuple(leaves)
@@ -225,8 +225,7 @@ class Engine:
         # Decode variants by (greedy_only, steps per call); several steps per call only for greedy batches.
         self._decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                      **step_kw), **decode_kw) for greedy in (False, True)}
-        # Under a mesh, one step per call until the multi-step loop is measured there: its one figure (9B, tp=2,
-        # 147 ms a token) was taken while chained calls still compiled a second program (see decode_batch).
+        # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if self.mesh is None else 1
         if self.decode_steps > 1:
             self._decode[True, self.decode_steps] = jax.jit(
@@ -350,19 +349,20 @@ class Engine:
                 "engine": settings, "decode_steps": self.decode_steps, "layout": repr(self.layout)}
 
     def warmup(self) -> None:
-        """Load every stored program, compile the missing ones (only the essential ones with
-        ``background_compile``), then run each once on a padding batch (null slot and page): nothing compiles
-        while serving. On the CPU the runs are skipped; on a GPU a program's first run records its CUDA graphs.
+        """Build the programs start needs (every one, or only the essential ones with ``background_compile``):
+        each loaded from the executable store or compiled; then run each once on a padding batch (null slot and
+        page), so nothing compiles while serving. On the CPU the runs are skipped; on a GPU a program's first
+        run records its CUDA graphs. With ``background_compile`` the rest are loaded or compiled after.
 
         The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
         scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
-        room for when several programs compile at once. Background compiles run one at a time beside the pools."""
+        room for when several programs compile at once."""
         programs, threads = self.programs, max(1, min(os.cpu_count() or 1, self.config.compile_threads))
-        start = time.perf_counter()
-        loaded = programs.load_stored(threads)
-        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded,
-                 len(programs.specs), time.perf_counter() - start)
         wanted = [k for k, spec in programs.specs.items() if spec.essential or not self.config.background_compile]
+        start = time.perf_counter()
+        loaded = programs.load_stored(threads, wanted)
+        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded, len(wanted),
+                 time.perf_counter() - start)
         missing = [k for k in wanted if programs.get(k) is None]
         if missing:
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
@@ -370,30 +370,23 @@ class Engine:
             seconds = programs.compile_missing(missing, threads, "compiling programs")
             log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
             self.pools = allocate_pools(shapes, self._pool_shardings)
-        if self.devices[0].platform == "cpu":  # nothing to record on a first run: ready now
-            self._warm = True
-            self._compile_rest()
-            return
-        start = time.perf_counter()
-        for key, compiled in list(programs.compiled.items()):
-            args = programs.specs[key].args
-            if key[0] == "first_tokens":
-                compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
-                         np.full(key[1], -1, np.int32))
-            else:
-                _, *_, self.pools = compiled(self._weights, self.pools, args[2])
-        jax.block_until_ready(self.pools)
-        log.info("start-up: %d programs run once in %.1f s", len(programs.compiled), time.perf_counter() - start)
+        if self.devices[0].platform != "cpu":  # the CPU records nothing on a first run
+            start = time.perf_counter()
+            for key in wanted:
+                compiled, args = programs.get(key), programs.specs[key].args
+                if key[0] == "first_tokens":
+                    compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
+                             np.full(key[1], -1, np.int32))
+                else:
+                    _, *_, self.pools = compiled(self._weights, self.pools, args[2])
+            jax.block_until_ready(self.pools)
+            log.info("start-up: %d programs run once in %.1f s", len(wanted), time.perf_counter() - start)
         self._warm = True
-        self._compile_rest()
-
-    def _compile_rest(self) -> None:
-        """Background compiles take a quarter of the warm-up's threads: each holds XLA's autotuner scratch beside
-        the allocated pools."""
-        threads = max(1, min(os.cpu_count() or 1, self.config.compile_threads) // 4)
-        if self.config.background_compile and self.programs.compile_rest(threads) is not None:
-            log.info("start-up: %d programs left to build in the background (a larger bucket serves meanwhile)",
-                     self.programs.pending)
+        # In the background a quarter of the warm-up's threads: each compile holds XLA's autotuner scratch beside
+        # the pools.
+        if self.config.background_compile and programs.compile_rest(max(1, threads // 4)) is not None:
+            log.info("start-up: %d programs left to load or compile in the background (a larger bucket "
+                         "serves meanwhile)", programs.pending)
 
     def _program(self, key: tuple):
         """The compiled program for ``key``, or None while it is not built (after the warm-up); before a warm-up

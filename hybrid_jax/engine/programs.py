@@ -251,11 +251,11 @@ class Programs:
         with self._count_lock:
             self.counts[what] += n
 
-    def load_stored(self, threads: int) -> int:
-        """Load every program the store holds; returns how many."""
+    def load_stored(self, threads: int, keys: Sequence[Any]) -> int:
+        """Load those of ``keys`` that the store holds; returns how many."""
         if self.store is None:
             return 0
-        keys = [k for k in self.specs if k not in self.compiled]
+        keys = [k for k in keys if k not in self.compiled]
 
         def load(key):
             spec = self.specs[key]
@@ -288,15 +288,16 @@ class Programs:
         return time.perf_counter() - start
 
     def compile_rest(self, threads: int = 1) -> threading.Thread | None:
-        """Build every program still missing in a background thread, ``threads`` at a time, in order (a failure
-        is logged and leaves that program missing: the engine runs a larger bucket or a plainer variant)."""
+        """Build (load or compile) every program still missing in a background thread, ``threads`` at a time,
+        in order (a failure is logged and leaves that program missing: the engine runs a larger bucket or a
+        plainer variant)."""
         rest = [k for k in self.specs if k not in self.compiled]
         if not rest:
             return None
 
         def build(key) -> bool:
             try:
-                self.build(key, load=False)
+                self.build(key)
                 return True
             except Exception:
                 log.exception("background compile of %s failed", self.specs[key].name)
@@ -307,7 +308,7 @@ class Programs:
             with ThreadPoolExecutor(threads, thread_name_prefix="hybrid-jax-background-compile") as pool:
                 failed = sum(not ok for ok in pool.map(build, rest))
             log.info("start-up: %d more programs built in the background in %.1f s%s", len(rest) - failed,
-                     time.perf_counter() - start, f" ({failed} failed)" if failed else "; all programs ready")
+                     time.perf_counter() - start, f"; {failed} failed" if failed else "; all programs ready")
 
         self._background = threading.Thread(target=run, name="hybrid-jax-background-compile", daemon=True)
         self._background.start()

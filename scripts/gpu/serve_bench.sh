@@ -43,7 +43,7 @@ if [ -n "${COLD:-}" ]; then
   start_server cold
   stop_server
 fi
-start_server warm
+start_server "$([ -n "${COLD:-}" ] && echo warm || echo start)"
 python3 scripts/bench_serving.py --base-url "http://127.0.0.1:$PORT" --model "qwen3.5-$SIZE" \
   --out "$OUT/serving_$SIZE.json" "$@" | tee "$OUT/serving_$SIZE.log"
 if [ -n "${C120:-}" ]; then

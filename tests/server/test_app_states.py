@@ -30,7 +30,8 @@ def app_with(make_llm):
 
 def test_503_until_loaded_then_200():
     release = threading.Event()
-    stub = SimpleNamespace(engine=SimpleNamespace(stats=dict, shutdown=lambda: None), tokenizer=None)
+    stub = SimpleNamespace(engine=SimpleNamespace(stats=dict, shutdown=lambda: None),
+                           tokenizer=SimpleNamespace(max_token_chars=1, special_tokens=()))
     client, backend = app_with(lambda settings: release.wait() and stub)
     response = client.get("/health")
     assert response.status_code == 503 and response.json["error"]["type"] == "ServiceUnavailableError"
@@ -96,7 +97,7 @@ def test_parse_defaults():
 
 
 def test_settings_from_env_round_trip():
-    settings = Settings(model_path="/m", max_batch=4, api_key="k", decode_sizes=(1, 4),
+    settings = Settings(model_path="/m", max_batch=4, api_key="k", decode_sizes=(1, 4), background_compile=False,
                         default_chat_template_kwargs={"enable_thinking": 0})
     assert Settings.from_env(settings.to_env()) == settings
     assert Settings.from_env({}) == Settings()
