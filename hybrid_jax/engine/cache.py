@@ -106,8 +106,10 @@ def device_memory_bytes() -> int | None:
 
 
 def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
-                memory_utilization: float, num_pages: int | None = None, tp: int = 1) -> CacheLayout:
-    """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains.
+                memory_utilization: float, num_pages: int | None = None, tp: int = 1,
+                reserved_bytes: int = 0) -> CacheLayout:
+    """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains
+    (``reserved_bytes``: memory still to be taken, by weights not loaded yet).
 
     Without a device memory figure (CPU) or with ``num_pages`` given, the KV pool holds ``num_pages``
     (default: enough for every slot to reach ``max_model_len``).
@@ -120,7 +122,7 @@ def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_
             num_pages = max_batch * max_pages_per_seq + 1
         else:
             # Per device: state slots and KV pages split over ``tp`` shards (KV heads at least one per shard).
-            budget = free * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
+            budget = (free - reserved_bytes) * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
             per_page = page_bytes(config, dtype, page_size) * max(config.num_key_value_heads, tp) / \
                 (config.num_key_value_heads * tp)
             num_pages = int(budget // per_page)

@@ -132,6 +132,10 @@ class FirstTokens(NamedTuple):
     sampled: Sampled  # device arrays [max_prefill_seqs]
 
 
+def _is_abstract(model: nnx.Module) -> bool:
+    return any(isinstance(w, jax.ShapeDtypeStruct) for w in jax.tree.leaves(nnx.state(model)))
+
+
 def take_first_tokens(tokens: jax.Array, first_tokens: jax.Array, source: jax.Array) -> jax.Array:
     """``tokens`` [B] with each row whose ``source`` [B] is >= 0 replaced by ``first_tokens`` [S] at that index."""
     return jnp.where(source >= 0, first_tokens[jnp.maximum(source, 0)].astype(tokens.dtype), tokens)
@@ -180,18 +184,30 @@ class Engine:
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,
                  eos_token_ids: tuple[int, ...] = (), valid_vocab: int | None = None,
                  executable_dir: str | os.PathLike | None = None):
-        """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`)."""
+        """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`). ``model``
+        may be abstract (shape-only parameters, as `weights.abstract_model` makes): its programs can be built
+        (`prepare_programs`) while the weights load, and `attach` gives it the loaded model before `start`."""
         self.model, self.config = model, config
         self.eos_token_ids = frozenset(eos_token_ids)
         self.valid_vocab = valid_vocab or model.config.vocab_size
         vocab = model.config.vocab_size
         tp = config.tensor_parallel_size
         self.mesh = make_mesh(tp) if tp > 1 else None
+        self.weights_loaded = not _is_abstract(model)
         if self.mesh is not None:
+            if not self.weights_loaded:
+                raise ValueError("tensor_parallel_size: an engine over a mesh needs its weights loaded first")
             shard_model(model, self.mesh)
+        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
+        # in Python node by node (~10 us a weight a call: DESIGN).
+        self._graphdef, weights = nnx.split(model)
+        leaves, self._weights_def = jax.tree.flatten(weights)
+        self._weights = tuple(leaves)
+        unloaded = 0 if self.weights_loaded else sum(w.size * w.dtype.itemsize for w in leaves)
         self.layout = plan_layout(model.config, model.dtype, vocab, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
-                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages, tp=tp)
+                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages, tp=tp,
+                                  reserved_bytes=unloaded)
         shapes = pool_shapes(model.config, self.layout, model.dtype, vocab, stored_kv_heads(model.config, tp))
         self._pool_shardings = self._batch_sharding = None
         if self.mesh is not None:
@@ -201,11 +217,6 @@ class Engine:
         self.pools = allocate_pools(shapes, self._pool_shardings)
         self.pages = BlockAllocator(self.layout.num_pages)
         self.slots = BlockAllocator(self.layout.num_slots)
-        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
-        # in Python node by node (~10 us a weight a call: DESIGN).
-        self._graphdef, weights = nnx.split(model)
-        leaves, self._weights_def = jax.tree.flatten(weights)
-        self._weights = tuple(leaves)
         step_kw = dict(kernels=Kernels(model, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
         jit_kw = dict(donate_argnums=1)
@@ -237,6 +248,7 @@ class Engine:
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
+        self._prepared = False  # the programs start needs are built
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
@@ -293,6 +305,8 @@ class Engine:
         self._inbox.put(None)  # wake the loop
 
     def start(self, warmup: bool = True) -> Engine:
+        if not self.weights_loaded:
+            raise RuntimeError("start: the engine's model is abstract; attach the loaded model first")
         if warmup:
             self.warmup()
         self._thread = threading.Thread(target=self._loop, name="hybrid-jax-engine", daemon=True)
@@ -318,7 +332,9 @@ class Engine:
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
         # from the compiled one's.
         placed = lambda a: a.sharding if self.mesh is not None else None
-        pools = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a)), self.pools)
+        shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
+        pools = jax.tree.map(shape_of, self.pools)
+        weights = tuple(map(shape_of, self._weights))
         largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
         rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
         specs = {}
@@ -326,7 +342,7 @@ class Engine:
             for (greedy, steps), fn in sorted(self._decode.items()):
                 specs["decode", greedy, steps, size] = ProgramSpec(
                     f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", fn,
-                    (self._weights, pools, self.decode_batch([], size)),
+                    (weights, pools, self.decode_batch([], size)),
                     essential=size == largest_decode and not greedy)
             specs["first_tokens", size] = ProgramSpec(
                 f"first tokens B={size}", self._take_first_tokens,
@@ -334,7 +350,7 @@ class Engine:
                 essential=size == largest_decode)
         for size in reversed(self.config.prefill_buckets):
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
-                                                 (self._weights, pools, self.prefill_batch([], size)),
+                                                 (weights, pools, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
         # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
         order = lambda key: (not specs[key].essential, key[-1], key[0] != "decode", -key[2] if key[0] == "decode"
@@ -357,19 +373,10 @@ class Engine:
         The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
         scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
         room for when several programs compile at once."""
-        programs, threads = self.programs, max(1, min(os.cpu_count() or 1, self.config.compile_threads))
-        wanted = [k for k, spec in programs.specs.items() if spec.essential or not self.config.background_compile]
-        start = time.perf_counter()
-        loaded = programs.load_stored(threads, wanted)
-        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded, len(wanted),
-                 time.perf_counter() - start)
-        missing = [k for k in wanted if programs.get(k) is None]
-        if missing:
-            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
-            self.pools = None
-            seconds = programs.compile_missing(missing, threads, "compiling programs")
-            log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
-            self.pools = allocate_pools(shapes, self._pool_shardings)
+        self.prepare_programs()
+        if not self.weights_loaded:
+            raise RuntimeError("warmup: the engine's model is abstract; attach the loaded model first")
+        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
         if self.devices[0].platform != "cpu":  # the CPU records nothing on a first run
             start = time.perf_counter()
             for key in wanted:
@@ -385,8 +392,45 @@ class Engine:
         # In the background a quarter of the warm-up's threads: each compile holds XLA's autotuner scratch beside
         # the pools.
         if self.config.background_compile and programs.compile_rest(max(1, threads // 4)) is not None:
-            log.info("start-up: %d programs left to load or compile in the background (a larger bucket "
-                         "serves meanwhile)", programs.pending)
+            log.info("start-up: %d programs left to load or compile in the background (a larger bucket serves "
+                     "meanwhile)", programs.pending)
+
+    @property
+    def _compile_threads(self) -> int:
+        return max(1, min(os.cpu_count() or 1, self.config.compile_threads))
+
+    @property
+    def _start_programs(self) -> list[tuple]:
+        """The programs built before start returns: every one, or the essential ones with background_compile."""
+        return [k for k, spec in self.programs.specs.items() if spec.essential or not self.config.background_compile]
+
+    def attach(self, model: Qwen35ForCausalLM) -> None:
+        """Give an engine built over an abstract model the loaded one (same config, shapes and dtypes)."""
+        _, weights = nnx.split(model)
+        leaves, tree = jax.tree.flatten(weights)
+        if tree != self._weights_def or any(a.shape != b.shape or a.dtype != b.dtype
+                                            for a, b in zip(leaves, self._weights, strict=True)):
+            raise ValueError("model: its parameters differ from the engine's (another config or dtype)")
+        self.model, self._weights, self.weights_loaded = model, tuple(leaves), True
+
+    def prepare_programs(self) -> None:
+        """Load or compile the programs start needs; only their shapes are read, so this may run while the
+        weights load (an abstract model)."""
+        if self._prepared:
+            return
+        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
+        start = time.perf_counter()
+        loaded = programs.load_stored(threads, wanted)
+        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded, len(wanted),
+                 time.perf_counter() - start)
+        missing = [k for k in wanted if programs.get(k) is None]
+        if missing:
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
+            self.pools = None
+            seconds = programs.compile_missing(missing, threads, "compiling programs")
+            log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
+            self.pools = allocate_pools(shapes, self._pool_shardings)
+        self._prepared = True
 
     def _program(self, key: tuple):
         """The compiled program for ``key``, or None while it is not built (after the warm-up); before a warm-up

@@ -5,9 +5,12 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,13 +19,14 @@ from flax import nnx
 from tqdm import tqdm
 
 from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
-from hybrid_jax.config import Qwen35Config
+from hybrid_jax.config import Qwen35Config, preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.loader import load_pretrained, random_model
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
+from hybrid_jax.weights import abstract_model
 
 log = logging.getLogger("hybrid_jax.engine")
 DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
@@ -40,13 +44,25 @@ class ScoreOutput:
         return float(sum(self.logprobs))
 
 
-def load_model_and_tokenizer(model: str | None, dtype: str, seed: int = 0) -> tuple[Qwen35ForCausalLM, Tokenizer, str]:
+class ModelSource(NamedTuple):
+    """What ``LLM(model)`` names: the model's shapes now, its weights when ``load()`` is called."""
+
+    abstract: Qwen35ForCausalLM  # shape-only parameters
+    load: Callable[[], Qwen35ForCausalLM]
+    tokenizer: Tokenizer
+    name: str
+
+
+def model_source(model: str | None, dtype: str, seed: int = 0) -> ModelSource:
     """A checkpoint directory, a size preset (random weights), or None: the embedded tiny random default."""
-    if model is None:
-        return random_model("tiny", "float32", seed), load_tokenizer(), DEFAULT_MODEL_NAME
-    if Path(model).is_dir():
-        return load_pretrained(model, dtype), load_tokenizer(model), Path(model).name
-    return random_model(model, dtype, seed), load_tokenizer(), f"random-{model}"
+    if model is not None and Path(model).is_dir():
+        config = Qwen35Config.from_pretrained(model)
+        abstract = abstract_model(config, jnp.dtype(dtype))
+        return ModelSource(abstract, lambda: load_pretrained(model, dtype), load_tokenizer(model), Path(model).name)
+    preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
+    config = preset(preset_name)
+    return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: random_model(config, dtype, seed),
+                       load_tokenizer(), DEFAULT_MODEL_NAME if model is None else f"random-{model}")
 
 
 class LLM:
@@ -55,23 +71,42 @@ class LLM:
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", *, max_batch: int = 64,
                  max_model_len: int = 4096, seed: int = 0, warmup: bool = True,
                  compilation_cache_dir: str | None = None, **engine_options):
-        """``compilation_cache_dir``: keep compiled programs there across runs (XLA's cache and the engine's
-        serialized executables: see `enable_compilation_cache` and `programs.ExecutableStore`)."""
-        if compilation_cache_dir:
+        """``compilation_cache_dir``: keep compiled programs there across runs: the engine's serialized
+        executables (`programs.ExecutableStore`) and, except on the CPU, JAX's compilation cache
+        (`enable_compilation_cache`; XLA:CPU cannot serialize again an executable that cache returned)."""
+        if compilation_cache_dir and jax.devices()[0].platform != "cpu":
             enable_compilation_cache(compilation_cache_dir)
-        start = time.perf_counter()
-        self.model, self.tokenizer, self.model_name = load_model_and_tokenizer(model, dtype, seed)
-        log.info("start-up: weights of %s (%s) ready in %.1f s", self.model_name, self.model.dtype,
-                 time.perf_counter() - start)
-        self.config: Qwen35Config = self.model.config
+        source = model_source(model, dtype, seed)
+        self.tokenizer, self.model_name = source.tokenizer, source.name
+        self.config: Qwen35Config = source.abstract.config
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
-        self.engine = Engine(self.model, engine_config, eos_token_ids=eos, valid_vocab=valid_vocab,
-                             executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+        engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab,
+                         executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+        if engine_config.tensor_parallel_size == 1 and warmup:
+            # The programs build from the model's shapes while its weights load (both release the GIL for most
+            # of their time: XLA's compile, safetensors reads and device copies).
+            self.engine = Engine(source.abstract, engine_config, **engine_kw)
+            with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-prepare") as pool:
+                prepared = pool.submit(self.engine.prepare_programs)
+                self.model = self._load(source)
+                prepared.result()
+            self.engine.attach(self.model)
+        else:
+            self.model = self._load(source)
+            self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)
         graphdef, self._score_weights = nnx.split(self.model)
         self._score_fn = jax.jit(partial(_token_logprobs, graphdef))  # compiles per (batch, length) on first use
+
+    @staticmethod
+    def _load(source: ModelSource) -> Qwen35ForCausalLM:
+        start = time.perf_counter()
+        model = source.load()
+        log.info("start-up: weights of %s (%s) ready in %.1f s", source.name, model.dtype,
+                 time.perf_counter() - start)
+        return model
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -34,8 +34,10 @@ log = logging.getLogger("hybrid_jax.engine")
 
 FORMAT = 1  # bump when the entry layout changes
 MAGIC = b"hybrid-jax executable\n"
-# Platforms where an executable read from JAX's compilation cache loses code when serialized again (XLA:CPU keeps
-# no object files for a deserialized executable: its fusions are missing when the entry is loaded).
+# Platforms where an executable that JAX's compilation cache returned loses code when serialized again (XLA:CPU
+# keeps no object files for a deserialized executable: its fusions are missing when the entry is loaded). A
+# compile does not always say it was a cache hit (JAX's in-memory cache hands out the same executable), so
+# there the store writes nothing while JAX's persistent cache is on.
 RESERIALIZE_LOSES_CODE = frozenset({"cpu"})
 SOURCE_PACKAGES = ("hybrid_jax", "pallas_kernels")
 ENV_KEYS = ("XLA_FLAGS", "HYBRID_JAX_KERNELS", "LIBTPU_INIT_ARGS")
@@ -90,6 +92,7 @@ class ExecutableStore:
         self.devices = list(devices)
         self._environment = environment(self.devices)
         self._lock = threading.Lock()
+        self._warned = False
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
@@ -130,6 +133,13 @@ class ExecutableStore:
 
     def save(self, name: str, key: str, compiled: jax.stages.Compiled) -> bool:
         """Write ``compiled`` under ``key`` (atomically, mode 0600); False (logged) if it cannot be stored."""
+        if self.devices[0].platform in RESERIALIZE_LOSES_CODE and xla_cache_on():
+            if not self._warned:
+                self._warned = True
+                log.warning("executable cache: not written while JAX's compilation cache is on (%s): on the %s a "
+                            "program it returns cannot be serialized again", jax.config.jax_compilation_cache_dir,
+                            self.devices[0].platform)
+            return False
         try:
             data, in_tree, out_tree = serialize_executable.serialize(compiled)
             blob = _wrap(pickle.dumps((key, data, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL))
@@ -151,6 +161,11 @@ class ExecutableStore:
         return True
 
 
+def xla_cache_on() -> bool:
+    """Whether JAX's persistent compilation cache is in use in this process."""
+    return bool(jax.config.jax_compilation_cache_dir) and bool(jax.config.jax_enable_compilation_cache)
+
+
 def check_private(directory: Path) -> None:
     """Raise StoreError unless ``directory`` is owned by this user and not writable by group or others."""
     info = directory.stat()
@@ -161,17 +176,6 @@ def check_private(directory: Path) -> None:
         raise StoreError(f"compilation_cache_dir: {directory} is writable by group or others "
                          f"(mode {stat.S_IMODE(info.st_mode):o}); serialized executables are code: "
                          f"`chmod go-w {directory}` or choose another directory")
-
-
-_compiles = threading.local()  # xla_cache_hit: whether this thread's last compile was read from JAX's cache
-
-
-def _note_xla_cache_hit(event: str, **_) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
-        _compiles.xla_cache_hit = True
-
-
-jax.monitoring.register_event_listener(_note_xla_cache_hit)
 
 
 @cache
@@ -234,13 +238,9 @@ class Programs:
         store_key = self.store.key(spec.name, self.context, spec.args) if self.store is not None else None
         compiled = self.store.load(spec.name, store_key) if self.store is not None and load else None
         if compiled is None:
-            _compiles.xla_cache_hit = False
             compiled = spec.fn.lower(*spec.args).compile()
             if self.store is not None:
-                if _compiles.xla_cache_hit and self.store.devices[0].platform in RESERIALIZE_LOSES_CODE:
-                    log.info("executable cache: %s came from JAX's compilation cache and is not stored", spec.name)
-                else:
-                    self.store.save(spec.name, store_key, compiled)
+                self.store.save(spec.name, store_key, compiled)
             self._count("compiled")
         else:
             self._count("loaded")

@@ -4,6 +4,7 @@ the same tokens as a full warm-up."""
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
-from hybrid_jax.engine.programs import ExecutableStore, StoreError
+from hybrid_jax.engine.programs import ExecutableStore, StoreError, _wrap
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,15 +97,24 @@ def test_a_directory_others_can_write_is_refused(tmp_path):
 
 def test_unreadable_entries_are_misses(tmp_path, caplog):
     store = ExecutableStore(tmp_path / "x", jax.devices()[:1])
-    compiled = jax.jit(lambda x: x * 2 + 1).lower(np.ones(3, np.float32)).compile()
     key = store.key("double", {}, (np.ones(3, np.float32),))
     assert store.load("double", key) is None  # missing: no log line
-    assert store.save("double", key, compiled)
-    assert os.stat(store.path(key)).st_mode & 0o777 == 0o600
-    np.testing.assert_array_equal(store.load("double", key)(np.ones(3, np.float32)), np.full(3, 3.0))
+    assert "unusable" not in caplog.text
     other = store.key("other", {}, (np.ones(3, np.float32),))
-    store.path(other).write_bytes(store.path(key).read_bytes())  # an entry under the wrong name
-    assert store.load("other", other) is None and "differs" in caplog.text
+    store.path(key).write_bytes(_wrap(pickle.dumps((other, b"", None, None))))  # another program's entry
+    assert store.load("double", key) is None and "differs" in caplog.text
+    store.path(key).write_bytes(store.path(key).read_bytes()[:-3])
+    assert store.load("double", key) is None and "checksum" in caplog.text
+
+
+def test_nothing_is_written_on_the_cpu_while_jaxs_cache_is_on(tmp_path, caplog):
+    """The suite runs with JAX's compilation cache on (conftest): an executable it returns would lose its code."""
+    assert jax.config.jax_compilation_cache_dir
+    store = ExecutableStore(tmp_path / "x", jax.devices()[:1])
+    compiled = jax.jit(lambda x: x * 2 + 1).lower(np.ones(3, np.float32)).compile()
+    key = store.key("double", {}, (np.ones(3, np.float32),))
+    assert not store.save("double", key, compiled) and not store.path(key).exists()
+    assert "not written while JAX's compilation cache is on" in caplog.text
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +147,29 @@ def test_background_compiles_serve_the_same_tokens(model):
     assert background.programs.pending > 0 or len(built) == len(background.programs.specs)
     assert serve(background) == want
     assert background.programs.wait(600) and background.programs.pending == 0
+
+
+def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
+    """An engine over the model's shapes builds its programs; given the loaded model it serves its tokens."""
+    from hybrid_jax.weights import abstract_model
+
+    options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompt = list(range(3, 40))
+    plain = Engine(model, options).start()
+    try:
+        want = [e.token_id for e in plain.submit(prompt, params) if e.token_id is not None]
+    finally:
+        plain.shutdown()
+    engine = Engine(abstract_model(model.config, model.dtype), options)
+    engine.prepare_programs()
+    with pytest.raises(RuntimeError, match="attach"):
+        engine.start()
+    with pytest.raises(ValueError, match="parameters differ"):
+        engine.attach(hybrid_jax.random_model(model.config.replace(vocab_size=256), "float32"))
+    engine.attach(model)
+    engine.start()
+    try:
+        assert [e.token_id for e in engine.submit(prompt, params) if e.token_id is not None] == want
+    finally:
+        engine.shutdown()
