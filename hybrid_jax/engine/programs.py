@@ -4,7 +4,8 @@ compiling them again (JAX's own compilation cache skips only XLA's compile).
 Each entry is keyed by everything that can change the program without changing its name: its arguments'
 shapes, dtypes and shardings, the model config, the engine settings, a digest of this package's and the
 kernels' source (tiles included), the jax and jaxlib versions, XLA flags, and the devices (platform, kind,
-count). A missing, stale or unreadable entry is compiled again and rewritten, with a log line.
+count). A missing, stale or unreadable entry is compiled again and rewritten, with a log line (on the CPU,
+not rewritten while JAX's own compilation cache is on: see RESERIALIZE_LOSES_CODE).
 
 A serialized executable is code: loading one runs whatever it contains. `ExecutableStore` only reads a
 directory owned by the current user that neither group nor others can write, and writes entries 0600.
@@ -234,39 +235,40 @@ class Programs:
     def build(self, key, load: bool = True) -> jax.stages.Compiled:
         """Load ``key``'s program from the store (unless ``load`` is False: already tried), else lower and
         compile it (and store it)."""
-        spec = self.specs[key]
-        store_key = self.store.key(spec.name, self.context, spec.args) if self.store is not None else None
-        compiled = self.store.load(spec.name, store_key) if self.store is not None and load else None
+        compiled = self._load(key) if load else None
         if compiled is None:
+            spec = self.specs[key]
             compiled = spec.fn.lower(*spec.args).compile()
             if self.store is not None:
-                self.store.save(spec.name, store_key, compiled)
+                self.store.save(spec.name, self._store_key(key), compiled)
             self._count("compiled")
-        else:
-            self._count("loaded")
         self.compiled[key] = compiled
         return compiled
 
-    def _count(self, what: str, n: int = 1) -> None:
-        with self._count_lock:
-            self.counts[what] += n
-
     def load_stored(self, threads: int, keys: Sequence[Any]) -> int:
         """Load those of ``keys`` that the store holds; returns how many."""
-        if self.store is None:
-            return 0
         keys = [k for k in keys if k not in self.compiled]
-
-        def load(key):
-            spec = self.specs[key]
-            return key, self.store.load(spec.name, self.store.key(spec.name, self.context, spec.args))
-
         with ThreadPoolExecutor(max(1, threads), thread_name_prefix="hybrid-jax-load") as pool:
-            found = [(k, c) for k, c in pool.map(load, keys) if c is not None]
-        for key, compiled in found:
-            self.compiled[key] = compiled
-        self._count("loaded", len(found))
+            found = [(k, c) for k, c in zip(keys, pool.map(self._load, keys), strict=True) if c is not None]
+        self.compiled.update(found)
         return len(found)
+
+    def _store_key(self, key) -> str:
+        spec = self.specs[key]
+        return self.store.key(spec.name, self.context, spec.args)
+
+    def _load(self, key) -> jax.stages.Compiled | None:
+        """``key``'s program from the store (counted), or None."""
+        if self.store is None:
+            return None
+        compiled = self.store.load(self.specs[key].name, self._store_key(key))
+        if compiled is not None:
+            self._count("loaded")
+        return compiled
+
+    def _count(self, what: str) -> None:
+        with self._count_lock:
+            self.counts[what] += 1
 
     def compile_missing(self, keys: Sequence[Any], threads: int, progress: str) -> float:
         """Build ``keys`` (those not built yet), ``threads`` at a time; returns the seconds taken."""
