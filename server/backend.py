@@ -1,13 +1,14 @@
 """The model, tokenizer, chat template and engine of the worker process, loaded and warmed up in the background.
 
 Loading runs in a thread so the app (and gunicorn's worker) come up at once: /health answers 503 until the
-engine has compiled every shape bucket, then 200.
+engine has built the programs start needs, then 200. Under the launcher a failed load ends the server.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from server.settings import Settings
 log = logging.getLogger("hybrid_jax.server")
 # generation_config.json keys that become default sampling settings, as vLLM's --generation-config auto.
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+WORKER_BOOT_ERROR = 3  # a worker's exit status that makes gunicorn's arbiter stop the server
 
 
 def default_llm(settings: Settings):
@@ -79,6 +81,8 @@ class Backend:
         except Exception as e:
             log.exception("loading the model failed")
             self.error = f"{type(e).__name__}: {e}"
+            if self.settings.exit_on_load_failure:
+                os._exit(WORKER_BOOT_ERROR)
 
     def require(self) -> None:
         """503 (with Retry-After) until the engine is warmed up."""

@@ -6,6 +6,7 @@ hold no request thread; it may keep as many connections open as the process may 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 
@@ -76,4 +77,4 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, threads
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         log.warning(warning)
-    GunicornServer(settings, host, port, threads).run()
+    GunicornServer(dataclasses.replace(settings, exit_on_load_failure=True), host, port, threads).run()

@@ -34,6 +34,7 @@ class Settings:
     allowed_hosts: tuple[str, ...] | None = None  # Host header values served (werkzeug patterns); None: any
     special_tokens_as_text: bool = True  # special-token text in chat messages is encoded as plain text
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    exit_on_load_failure: bool = False  # the process exits when the model fails to load (the launcher sets it)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

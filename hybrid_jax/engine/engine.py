@@ -249,6 +249,7 @@ class Engine:
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
         self._prepared = False  # the programs start needs are built
+        self._load_seconds = 0.0  # spent loading them from the store
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque[Request] = deque()
@@ -413,16 +414,26 @@ class Engine:
             raise ValueError("model: its parameters differ from the engine's (another config or dtype)")
         self.model, self._weights, self.weights_loaded = model, tuple(leaves), True
 
+    def load_stored_programs(self) -> bool:
+        """Load the programs start needs that the executable store holds; True when none is missing."""
+        wanted, start = self._start_programs, time.perf_counter()
+        self.programs.load_stored(self._compile_threads, wanted)
+        self._load_seconds += time.perf_counter() - start
+        return all(self.programs.get(k) is not None for k in wanted)
+
+    def release(self) -> None:
+        """Free the pools of an engine that will not start (its device memory goes back at once)."""
+        self.pools = None
+
     def prepare_programs(self) -> None:
         """Load or compile the programs start needs; only their shapes are read, so this may run while the
         weights load (an abstract model)."""
         if self._prepared:
             return
         programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
-        start = time.perf_counter()
-        loaded = programs.load_stored(threads, wanted)
-        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", loaded, len(wanted),
-                 time.perf_counter() - start)
+        self.load_stored_programs()
+        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", programs.counts["loaded"],
+                 len(wanted), self._load_seconds)
         missing = [k for k in wanted if programs.get(k) is None]
         if missing:
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)

@@ -84,16 +84,22 @@ class LLM:
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab,
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+        self.engine = None
         if engine_config.tensor_parallel_size == 1 and warmup:
-            # The programs build from the model's shapes while its weights load (both release the GIL for most
-            # of their time: XLA's compile, safetensors reads and device copies).
-            self.engine = Engine(source.abstract, engine_config, **engine_kw)
-            with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-prepare") as pool:
-                prepared = pool.submit(self.engine.prepare_programs)
-                self.model = self._load(source)
-                prepared.result()
-            self.engine.attach(self.model)
-        else:
+            # With every start program in the executable store, they load while the weights do (both release
+            # the GIL for most of their time). Compiles wait for the weights instead: XLA's autotuner scratch
+            # beside weights still loading fragments device memory (27B ran out of memory at its first step).
+            abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
+            if abstract_engine.load_stored_programs():
+                self.engine = abstract_engine
+                with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-prepare") as pool:
+                    prepared = pool.submit(self.engine.prepare_programs)
+                    self.model = self._load(source)
+                    prepared.result()
+                self.engine.attach(self.model)
+            else:
+                abstract_engine.release()
+        if self.engine is None:
             self.model = self._load(source)
             self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)

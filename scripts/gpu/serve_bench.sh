@@ -5,6 +5,7 @@
 #   OUT=out bash scripts/gpu/serve_bench.sh 9b [extra bench_serving.py flags]
 # SERVER_FLAGS adds server flags (e.g. --no-background-compile). COLD=1 first starts once with an empty cache ($CACHE, default $OUT/cache_SIZE) and stops it once every
 # program is built, so the benchmarked start is a warm one; both starts' times go to $OUT/ready_SIZE.json.
+# READY_TIMEOUT (s, default 300) bounds the wait for /health; ALL_TIMEOUT (s, default 400) the wait for every program.
 # C120=1 (with MAX_MODEL_LEN >= 4224) adds 120 concurrent 4096-token prompts against the same server; HF=0 skips
 # the baseline (a c=1 check: HF=0 OUT=out bash scripts/gpu/serve_bench.sh 9b --concurrency 1 --num-prompts 8).
 set -u
@@ -25,6 +26,8 @@ start_server() {  # $1: label; sets $server, appends {"label", "ready_s", "all_p
   server=$!
   until curl -sf "localhost:$PORT/health" > /dev/null; do
     kill -0 $server 2> /dev/null || { echo "server died"; tail -20 "$OUT/server_${SIZE}_$1.log"; exit 1; }
+    [ $(( ($(date +%s%N) - start) / 1000000000 )) -gt "${READY_TIMEOUT:-300}" ] && {
+      echo "server not ready in ${READY_TIMEOUT:-300} s"; stop_server; exit 1; }
     sleep 0.2
   done
   local ready all

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.loader import random_model
 from hybrid_jax.tokenizer import load_tokenizer
 from server.app import create_app
-from server.backend import Backend
+from server.backend import WORKER_BOOT_ERROR, Backend
 from server.errors import APIError
 from server.protocol import parse_chat, parse_completion
 from server.settings import Settings
@@ -50,6 +51,18 @@ def test_failed_load_stays_503_with_the_reason():
     threading.Event().wait(0.2)
     response = client.get("/health")
     assert response.status_code == 503 and "no checkpoint at /nowhere" in response.json["error"]["message"]
+
+
+def test_failed_load_under_the_launcher_exits_the_worker(monkeypatch):
+    exits = []
+    monkeypatch.setattr("server.backend.os._exit", exits.append)
+
+    def broken(settings):
+        raise FileNotFoundError("no checkpoint at /nowhere")
+
+    backend = Backend(replace(SETTINGS, exit_on_load_failure=True), broken)
+    backend._load()
+    assert exits == [WORKER_BOOT_ERROR] and "no checkpoint" in backend.error
 
 
 def test_queue_full_is_503_and_a_closed_stream_cancels():
