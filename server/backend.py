@@ -74,8 +74,6 @@ class Backend:
             if self.default_sampling:
                 log.info("default sampling settings from generation_config.json: %s", self.default_sampling)
             self.engine, self.tokenizer = llm.engine, llm.tokenizer
-            # Computed once here, not on the first request (reading the vocabulary takes ~0.4 s).
-            _ = self.tokenizer.max_token_chars, self.tokenizer.special_tokens
             self.ready.set()
             log.info("model %s ready", self.model_name)
         except Exception as e:

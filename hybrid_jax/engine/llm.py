@@ -84,6 +84,8 @@ class LLM:
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab,
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+        tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
+        tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
         self.engine = None
         if engine_config.tensor_parallel_size == 1 and warmup:
             # With every start program in the executable store, they load while the weights do (both release
@@ -103,6 +105,8 @@ class LLM:
             self.model = self._load(source)
             self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)
+        tables.result()
+        tokenizer_pool.shutdown()
         graphdef, self._score_weights = nnx.split(self.model)
         self._score_fn = jax.jit(partial(_token_logprobs, graphdef))  # compiles per (batch, length) on first use
 
