@@ -4,7 +4,7 @@ Same signature and semantics as `reference.py` (plus tuning keywords), except th
 dtype. Written for Pallas' Triton lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with
 `interpret=True` on CPU.
 
-Algorithm (the WY / UT form of `hybrid_jax.ops.gated_delta.gated_delta_chunked`, as fla's
+Algorithm (the WY / UT form of `pallas_kernels.math.gated_delta.gated_delta_chunked`, as fla's
 `chunk_gated_delta_rule`), per sequence and value head, chunks of C = 64 tokens that never straddle
 sequences, gc = the in-chunk cumulative log-decay:
 

@@ -42,8 +42,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from hybrid_jax.layers.gdn import l2_normalize
 from pallas_kernels.gdn_decode.reference import output_rows
+from pallas_kernels.math.gdn import l2_normalize
 
 F32 = jnp.float32
 _TARGET_PROGRAMS = 264  # ~2 waves over the H200's 132 SMs
