@@ -1,4 +1,7 @@
-"""The ``hybrid-jax`` command: ``serve`` (OpenAI-compatible server), ``generate`` and ``score`` (JSONL batch jobs)."""
+"""The ``hybrid-jax`` command's batch jobs: ``generate`` and ``score`` over JSONL files; `server.cli` adds ``serve``.
+
+``python3 -m hybrid_jax.cli`` runs these two; ``python3 -m server.cli`` (the ``hybrid-jax`` script) all three.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +17,11 @@ from hybrid_jax.compilation_cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+AddCommand = Callable[[argparse._SubParsersAction], None]  # adds one subcommand, its ``run`` set as a default
 
 
-def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: int) -> None:
+def add_model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: int) -> None:
+    """The flags of every command that builds the model; ``max_batch`` and ``max_model_len``: the command's defaults."""
     parser.add_argument("--model-path", default=None,
                         help="checkpoint directory or size preset (random weights); default: the embedded tiny model")
     parser.add_argument("--dtype", default="bfloat16", help="weight dtype for checkpoints (default bfloat16)")
@@ -35,37 +40,15 @@ def _model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_len: 
                         help=f"keep compiled programs here across runs (default {DEFAULT_CACHE_DIR}; '' disables)")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hybrid-jax", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    serve = commands.add_parser("serve", help="run the OpenAI-compatible server (gunicorn, gthread worker)")
-    _model_args(serve, max_batch=32, max_model_len=4096)
-    serve.add_argument("--served-model-name", default=None, help="the model name clients must use")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on /v1 (default: $HYBRID_JAX_API_KEY, else "
-                            "$VLLM_API_KEY; none: no auth)")
-    serve.add_argument("--max-waiting", type=int, default=4096, help="queued requests before 503")
-    serve.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
-    serve.add_argument("--threads", type=int, default=64, help="request threads of the one worker process")
-    serve.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger bodies get 413")
-    serve.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
-                       help="report ready once the largest decode and prefill programs are built (loaded from the "
-                            "cache or compiled) and build the rest in the background (default on)")
-    serve.add_argument("--request-read-timeout", type=float, default=15.0,
-                       help="seconds a request's head and body may take to arrive, else 408 (slow clients)")
-    serve.add_argument("--allowed-hosts", nargs="+", default=None,
-                       help="Host header values served, '.example.com' for subdomains, '*' for any (default: "
-                            "localhost and 127.0.0.1 on a loopback bind, else any)")
-    serve.add_argument("--special-tokens-in-messages", choices=("text", "tokens"), default="text",
-                       help="special-token text in chat messages: plain text (default) or control tokens (vLLM)")
-    serve.add_argument("--default-chat-template-kwargs", type=json.loads, default={},
-                       help="JSON object of chat template arguments, e.g. '{\"enable_thinking\": false}'")
+def parser(*more: AddCommand) -> argparse.ArgumentParser:
+    """The command line: the subcommands ``more`` adds, then ``generate`` and ``score``."""
+    top = argparse.ArgumentParser(prog="hybrid-jax", description="Qwen3.5 hybrid models on JAX and Pallas.")
+    commands = top.add_subparsers(dest="command", required=True)
+    for add in more:
+        add(commands)
 
     generate = commands.add_parser("generate", help="complete every prompt of a JSONL file")
-    _model_args(generate, max_batch=64, max_model_len=4096)
+    add_model_args(generate, max_batch=64, max_model_len=4096)
     generate.add_argument("--input", required=True, help='JSONL: {"prompt": str} or {"prompt_token_ids": [...]}, '
                                                          "optionally with sampling fields")
     generate.add_argument("--output", required=True, help='JSONL: {"prompt", "text", "token_ids", "finish_reason"}')
@@ -76,13 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int)
     generate.add_argument("--stop", action="append", help="stop string (repeatable)")
     generate.add_argument("--ignore-eos", action="store_true", default=None)
+    generate.set_defaults(run=_generate)
 
     score = commands.add_parser("score", help="per-token log-probabilities of every text of a JSONL file")
-    _model_args(score, max_batch=1, max_model_len=4096)
+    add_model_args(score, max_batch=1, max_model_len=4096)
     score.add_argument("--input", required=True, help='JSONL: {"text": str} or {"prompt_token_ids": [...]}')
     score.add_argument("--output", required=True, help='JSONL: {"token_ids", "logprobs", "total_logprob"}')
     score.add_argument("--batch-size", type=int, default=8)
-    return parser
+    score.set_defaults(run=_score)
+    return top
 
 
 def _read_jsonl(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -167,34 +152,10 @@ def _score(args: argparse.Namespace) -> None:
         llm.close()
 
 
-def _serve(args: argparse.Namespace) -> None:
-    from server.launcher import serve
-    from server.settings import Settings, allowed_hosts_for, resolve_api_key
-
-    if not isinstance(args.default_chat_template_kwargs, dict):
-        raise SystemExit("--default-chat-template-kwargs: must be a JSON object")
-    try:
-        api_key = resolve_api_key(args.api_key)
-    except ValueError as e:
-        raise SystemExit(f"hybrid-jax: {e}") from e
-    settings = Settings(model_path=args.model_path, served_model_name=args.served_model_name, dtype=args.dtype,
-                        max_batch=args.max_batch, max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
-                        max_waiting=args.max_waiting, api_key=api_key, max_body_bytes=args.max_body_bytes,
-                        tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
-                        decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
-                        gpu_memory_utilization=args.gpu_memory_utilization,
-                        compilation_cache_dir=args.compilation_cache_dir or None,
-                        background_compile=args.background_compile,
-                        default_chat_template_kwargs=args.default_chat_template_kwargs,
-                        request_read_timeout=args.request_read_timeout,
-                        allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
-                        special_tokens_as_text=args.special_tokens_in_messages == "text")
-    serve(settings, args.host, args.port, args.threads)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
-    {"serve": _serve, "generate": _generate, "score": _score}[args.command](args)
+def main(argv: list[str] | None = None, *more: AddCommand) -> None:
+    """Runs the command ``argv`` names (default: sys.argv's), among ``generate``, ``score`` and those ``more`` adds."""
+    args = parser(*more).parse_args(argv)
+    args.run(args)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ traced device time of all its kernels divided by 16, and the TB/s of weight byte
 checkpoint's own layout. ``pallas``: pallas_kernels.gemv at its default tuning, one launch per set (the
 weights of a set share the input); with --sweep also every tuning of a grid at batch 1, the best per shape
 and the tunings best over all the shapes run. ``--swiglu``: for the gate/up pairs instead, `gemv` plus the
-SwiGLU product against the fused `gemv_swiglu` at its tuning for the shape (`SWIGLU_TUNING`, else the
-default), and with --sweep every tuning of its grid: what `SWIGLU_TUNING` is read from. ``--add``: the down
+SwiGLU product against the fused `gemv_swiglu` at its tiles for the shape (`tiles.SWIGLU`, else the
+default), and with --sweep every tuning of its grid: what `tiles.SWIGLU` is read from. ``--add``: the down
 and output projections as the decode step runs them at batch 1 (`gemv_add`, one real row of 16, the next norm's
-outputs written), at the shape's tuning and with --sweep over `gemv`'s grid: what `ADD_TUNING` is read from.
+outputs written), at the shape's tiles and with --sweep over `gemv`'s grid: what `tiles.ADD` is read from.
 Writes JSON.
 """
 
@@ -27,8 +27,9 @@ import jax.numpy as jnp
 
 from hybrid_jax.profiling import trace_kernels
 from pallas_kernels.gemv import gemv, gemv_add, gemv_swiglu
-from pallas_kernels.gemv.kernel import SWIGLU_MAX_ROWS
 from pallas_kernels.gemv.reference import swiglu_product
+from pallas_kernels.gemv.tiles import SWIGLU_MAX_ROWS
+from pallas_kernels.tiles import programs
 
 SHAPES = {  # name: (in, (out, ...)) of the decode step's projections at real sizes; a set shares its input
     "0.8b gate+up": (1024, (3584, 3584)), "0.8b down": (3584, (1024,)),
@@ -45,8 +46,8 @@ SHAPES = {  # name: (in, (out, ...)) of the decode step's projections at real si
     "27b gdn qkv+z+b+a": (5120, (10240, 6144, 48, 48)), "27b gdn out": (6144, (5120,)),
 }
 COPIES = 16
-SWEEP = [dict(block_n=bn, block_k=bk, num_stages=st, target_programs=tp)
-         for bn, bk, st, tp in itertools.product((32, 64, 128), (64, 128), (3, 4), (264, 528, 1056))]
+SWEEP = [dict(block_n=bn, block_k=bk, num_stages=st, waves=w)  # waves: K-split target, programs per SM
+         for bn, bk, st, w in itertools.product((32, 64, 128), (64, 128), (3, 4), (2, 4, 8))]
 
 ADD_SHAPES = ("down", "out")  # the projections added to the residual stream (`gemv_add`)
 
@@ -54,12 +55,19 @@ SWIGLU_SWEEP = [dict(block_n=bn, block_k=bk, num_warps=nw, num_stages=st)
                 for bn, bk, nw, st in itertools.product((64, 128), (64, 128, 256), (4, 8), (2, 3, 4))]
 
 
+def kernel_keywords(tuning: dict) -> dict:
+    """A `SWEEP` entry as the kernels' keywords: its waves as target_programs on this device's SMs."""
+    tuning = dict(tuning)
+    waves = tuning.pop("waves", None)
+    return tuning if waves is None else {**tuning, "target_programs": programs(waves)}
+
+
 def run(variant: str, **tuning):
     def fn(x, sets):
         outs = []
         for ws in sets:
             if variant == "pallas":
-                outs.extend(gemv(x, ws, jnp.float32, impl="kernel", **tuning))
+                outs.extend(gemv(x, ws, jnp.float32, impl="kernel", **kernel_keywords(tuning)))
             elif variant == "xla":
                 outs.extend(jnp.dot(x, w, preferred_element_type=jnp.float32) for w in ws)
             else:
@@ -82,7 +90,7 @@ def run_add(**tuning):
         outs = []
         for w in ws:  # as the decode step runs it: rows padded to the tile's, one real, the next norm's outputs
             out, normed, arrivals = gemv_add(x, w, residual, arrivals, norm=(norm_weight, 1e-6), real_rows=1,
-                                             impl="kernel", **tuning)
+                                             impl="kernel", **kernel_keywords(tuning))
             outs += [out, normed.scaled, normed.sums]
         return outs, arrivals
     return jax.jit(fn)

@@ -1,4 +1,4 @@
-"""``hybrid-jax generate`` and ``score`` on JSONL files with the embedded tiny model."""
+"""``hybrid-jax generate`` and ``score`` on JSONL files with the embedded tiny model; ``serve``'s flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from hybrid_jax.cli import main
+from hybrid_jax.cli import main, parser
+from server.cli import add_serve
 
 
 def write_jsonl(path, rows):
@@ -59,3 +60,12 @@ def test_generate_tensor_parallel_matches_single_device(tmp_path):
               "--decode-sizes", "2"])
         outputs.append([r["token_ids"] for r in read_jsonl(target)])
     assert outputs[0] == outputs[1]
+
+
+def test_serve_comes_from_the_server():
+    """`server.cli` adds ``serve`` to the batch jobs' command line; `hybrid_jax.cli` alone has no ``serve``."""
+    args = parser(add_serve).parse_args(["serve", "--port", "9", "--max-batch", "4"])
+    assert (args.command, args.port, args.max_batch, args.max_model_len, args.threads) == ("serve", 9, 4, 4096, 64)
+    assert parser(add_serve).parse_args(["score", "--input", "a", "--output", "b"]).max_batch == 1
+    with pytest.raises(SystemExit):
+        parser().parse_args(["serve"])

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.ops.gated_delta import gated_delta_chunked, gated_delta_scan, gated_delta_step
+from pallas_kernels.math.gated_delta import gated_delta_chunked, gated_delta_scan, gated_delta_step
 
 
 def random_inputs(seed, b, t, hk, hv, dk, dv):

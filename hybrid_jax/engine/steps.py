@@ -17,14 +17,15 @@ from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.layers.attention import GatedAttention
-from hybrid_jax.layers.gdn import GatedDeltaNet, conv_ring_columns
+from hybrid_jax.layers.gdn import GatedDeltaNet
 from hybrid_jax.layers.linear import add_projection, arrival_counters
-from hybrid_jax.layers.rope import rope_cos_sin
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import TP, expand_kv_heads
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
 from pallas_kernels.gemv import padded_rows
+from pallas_kernels.math.gdn import conv_ring_columns
+from pallas_kernels.math.rope import rope_cos_sin
 from pallas_kernels.paged_attention import (
     decode_attention_inputs,
     paged_decode_attention,

@@ -9,17 +9,10 @@ from flax import nnx
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.layers.linear import Linear, project
 from hybrid_jax.layers.norm import RMSNorm
-from hybrid_jax.layers.rope import apply_rope, rope_cos_sin
 from hybrid_jax.ops.attention import dense_causal_attention
 from pallas_kernels.gemv import NormedRows
-
-
-def attention_gate(o: jax.Array, gate: jax.Array) -> jax.Array:
-    """o * sigmoid(gate) in gate's dtype, rounded as HF's bf16 attention: o and the sigmoid to that dtype, then
-    the product. The roundings are `reduce_precision`s, which XLA keeps (it may drop a convert pair)."""
-    bits = jnp.finfo(gate.dtype)
-    keep = lambda v: jax.lax.reduce_precision(v, exponent_bits=bits.nexp, mantissa_bits=bits.nmant)
-    return (keep(o.astype(jnp.float32)) * keep(jax.nn.sigmoid(gate.astype(jnp.float32)))).astype(gate.dtype)
+from pallas_kernels.math.attention import attention_gate
+from pallas_kernels.math.rope import apply_rope, rope_cos_sin
 
 
 class GatedAttention(nnx.Module):

@@ -6,18 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from pallas_kernels.math.norm import rms_normalize, zero_centred_rms_norm
+
 F32 = jnp.float32
-
-
-def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
-    """x / rms(x) over the last axis, in fp32."""
-    xf = x.astype(F32)
-    return xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-
-
-def zero_centred_rms_norm(x: jax.Array, weight: jax.Array, eps: float, out_dtype=None) -> jax.Array:
-    """``normalize(x) * (1 + weight)`` in fp32 over the last axis, cast to ``out_dtype`` (default: x.dtype)."""
-    return (rms_normalize(x, eps) * (1.0 + weight.astype(F32))).astype(out_dtype or x.dtype)
 
 
 class RMSNorm(nnx.Module):

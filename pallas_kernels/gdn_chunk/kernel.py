@@ -4,7 +4,7 @@ Same signature and semantics as `reference.py` (plus tuning keywords), except th
 dtype. Written for Pallas' Triton lowering (the `pallas_call` GPU default in jax 0.11/0.12) and runnable with
 `interpret=True` on CPU.
 
-Algorithm (the WY / UT form of `hybrid_jax.ops.gated_delta.gated_delta_chunked`, as fla's
+Algorithm (the WY / UT form of `pallas_kernels.math.gated_delta.gated_delta_chunked`, as fla's
 `chunk_gated_delta_rule`), per sequence and value head, chunks of C = 64 tokens that never straddle
 sequences, gc = the in-chunk cumulative log-decay:
 
@@ -69,6 +69,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.gdn_chunk.tiles import GDN_CHUNK
 
 CHUNK = 64  # tokens per chunk (the reference's CHUNK_SIZE)
 BLOCK = 16  # rows of a block of the triangular solve (tl.dot needs M, N, K >= 16)
@@ -303,11 +305,11 @@ def gdn_chunk(
     slot_ids: jax.Array,  # [S] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
-    state_block_v: int = 32,
-    output_block_v: int = 128,
-    output_block_k: int = 32,
-    num_warps: tuple[int, int, int] = (2, 4, 2),
-    num_stages: tuple[int, int, int] = (1, 4, 4),
+    state_block_v: int | None = None,
+    output_block_v: int | None = None,
+    output_block_k: int | None = None,
+    num_warps: tuple[int, int, int] | None = None,
+    num_stages: tuple[int, int, int] | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype, state_pool
     """Chunked gated delta rule over a packed ragged batch; the state pool is updated in place when donated.
@@ -315,14 +317,19 @@ def gdn_chunk(
     q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16. The state pass's programs each
     carry ``state_block_v`` of the state's dv columns, the output pass's each write ``output_block_v`` columns
     of O, accumulating over ``output_block_k`` columns of dk at a time (powers of two >= 16; capped at dv and dk).
-    ``num_warps`` and ``num_stages``: per pass (prepare, state, output).
+    ``num_warps`` and ``num_stages``: per pass (prepare, state, output). Those left None: `tiles.GDN_CHUNK`'s.
     """
     num_tokens, num_k_heads, dk = q.shape
     num_v_heads, dv = v.shape[1], v.shape[2]
     num_seqs = slot_ids.shape[0]
     group = num_v_heads // num_k_heads
-    state_block_v, output_block_v = min(state_block_v, dv), min(output_block_v, dv)
-    output_block_k = min(output_block_k, dk)
+    tiles = GDN_CHUNK.get((num_k_heads, num_v_heads, dk, dv), state_block_v=state_block_v,
+                          output_block_v=output_block_v, output_block_k=output_block_k)
+    passes = (tiles.prepare, tiles.state, tiles.output)
+    num_warps = tuple(launch.num_warps for launch in passes) if num_warps is None else num_warps
+    num_stages = tuple(launch.num_stages for launch in passes) if num_stages is None else num_stages
+    state_block_v, output_block_v = min(tiles.state_block_v, dv), min(tiles.output_block_v, dv)
+    output_block_k = min(tiles.output_block_k, dk)
     for name, block, width in (("state_block_v", state_block_v, dv), ("output_block_v", output_block_v, dv),
                                ("output_block_k", output_block_k, dk)):
         if block < 16 or block & (block - 1) or width % block:

@@ -14,7 +14,7 @@ static shapes, and S times the work of one packed pass: a reference, not a fast 
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.ops.gated_delta import CHUNK_SIZE, gated_delta_chunked
+from pallas_kernels.math.gated_delta import CHUNK_SIZE, gated_delta_chunked
 
 
 def gdn_chunk(

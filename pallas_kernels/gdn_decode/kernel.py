@@ -42,11 +42,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from hybrid_jax.layers.gdn import l2_normalize
 from pallas_kernels.gdn_decode.reference import output_rows
+from pallas_kernels.gdn_decode.tiles import DECODE, FUSED, GdnDecodeTiles
+from pallas_kernels.math.gdn import l2_normalize
+from pallas_kernels.tiles import programs
 
 F32 = jnp.float32
-_TARGET_PROGRAMS = 264  # ~2 waves over the H200's 132 SMs
 
 
 def _update_state(
@@ -96,11 +97,11 @@ def _check_block_v(block_v: int, dv: int) -> None:
         raise ValueError(f"block_v must be a power of two >= 16 dividing dv = {dv}, got {block_v}")
 
 
-def _pick_block_v(programs_per_block: int, dv: int, widest: int = 64, narrowest: int = 32) -> int:
-    """Widest dv block in [narrowest, widest] that still gives ~2 waves of programs (64: a [128, 64] fp32 tile
-    is 64 registers a thread at 4 warps)."""
-    block_v = min(dv, widest)
-    while block_v > narrowest and programs_per_block * (dv // block_v) < _TARGET_PROGRAMS:
+def pick_block_v(programs_per_block: int, dv: int, tiles: GdnDecodeTiles) -> int:
+    """The widest dv block in [tiles.narrowest_block_v, tiles.widest_block_v] (capped at dv) whose grid of
+    ``programs_per_block`` programs per dv block still gives ``tiles.waves`` programs per SM."""
+    block_v = min(dv, tiles.widest_block_v)
+    while block_v > tiles.narrowest_block_v and programs_per_block * (dv // block_v) < programs(tiles.waves):
         block_v //= 2
     return block_v
 
@@ -116,16 +117,18 @@ def gdn_decode(
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     *,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
     """One decode step per row, in place on the (donated) state pool.
 
-    block_v: dv columns per program (power of two dividing dv); None: enough programs to fill the GPU.
+    block_v: dv columns per program (power of two dividing dv); None: enough programs to fill the GPU
+    (`tiles.DECODE`, whose warps a None ``num_warps`` takes).
     """
-    batch, num_k_heads, _ = q.shape
+    batch, num_k_heads, dk = q.shape
     num_v_heads, dv = v.shape[1], v.shape[2]
-    block_v = _pick_block_v(batch * num_v_heads, dv) if block_v is None else block_v
+    tiles = DECODE.get((num_v_heads, dk, dv), num_warps=num_warps)
+    block_v = pick_block_v(batch * num_v_heads, dv, tiles) if block_v is None else block_v
     _check_block_v(block_v, dv)
     return pl.pallas_call(
         functools.partial(_decode_kernel, group=num_v_heads // num_k_heads, block_v=block_v),
@@ -135,7 +138,7 @@ def gdn_decode(
         out_specs=(pl.no_block_spec, pl.no_block_spec),
         input_output_aliases={6: 1},
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         name="gdn_decode",
     )(slot_ids.astype(jnp.int32), q, k, v, g, beta, state_pool)
 
@@ -229,21 +232,21 @@ def gdn_decode_fused(
     head_v_dim: int,
     out_rows: int | None = None,
     block_v: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
     """The GDN decode step from the raw projections, in place on both (donated) pools. o has ``out_rows`` rows
     (>= B; default B), zero past the batch, as the few-row projections downstream take them.
 
     block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
-    fill the GPU for this batch. At batch 64, 128 columns and 4 warps move 65-69% of the H200's 4.3 TB/s of
-    state traffic (`scripts/bench_kernels.py --decode-sweep`); 8 warps and narrower tiles are slower.
+    fill the GPU for this batch (`tiles.FUSED`, whose warps a None ``num_warps`` takes).
     """
     batch = slot_ids.shape[0]
     out_rows = output_rows(out_rows, batch)
     num_v_heads = a.shape[1]
+    tiles = FUSED.get((num_v_heads, head_k_dim, head_v_dim), num_warps=num_warps)
     if block_v is None:
-        block_v = _pick_block_v(batch * num_v_heads, head_v_dim, widest=128, narrowest=16)
+        block_v = pick_block_v(batch * num_v_heads, head_v_dim, tiles)
     _check_block_v(block_v, head_v_dim)
     kernel = functools.partial(_fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v)
     return pl.pallas_call(
@@ -258,7 +261,7 @@ def gdn_decode_fused(
         out_specs=(pl.no_block_spec,) * 3,
         input_output_aliases={8: 1, 9: 2},
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         name="gdn_decode_fused",
     )(slot_ids.astype(jnp.int32), positions.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias,
       conv_pool, state_pool)

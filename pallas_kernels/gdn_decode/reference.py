@@ -9,8 +9,8 @@ several rows write one slot, one of them wins).
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.layers.gdn import causal_conv, conv_ring_columns, l2_normalize
-from hybrid_jax.ops.gated_delta import gated_delta_step
+from pallas_kernels.math.gated_delta import gated_delta_step
+from pallas_kernels.math.gdn import causal_conv, conv_ring_columns, l2_normalize
 
 F32 = jnp.float32
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.dispatch import Impl, kernel_mode
 from pallas_kernels.gemv import kernel, reference
+from pallas_kernels.gemv.tiles import SWIGLU, SWIGLU_MAX_ROWS
 
 MAX_ROWS = 64  # more rows: a tensor-core GEMM streams the weights as well
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -132,8 +133,8 @@ def gemv_swiglu(x: jax.Array | NormedRows, w_gate: jax.Array, w_up: jax.Array, *
     w_up [K, N] -> [..., N] in the weights' dtype, each projection rounded to that dtype before the product
     (`reference.swiglu_product`).
 
-    "auto" fuses on a GPU only for shapes with a measured tuning (`kernel.SWIGLU_TUNING`) and at most
-    `kernel.SWIGLU_MAX_ROWS` rows; otherwise it runs `gemv` ("auto") and the product."""
+    "auto" fuses on a GPU only for shapes with tiles measured on the device (`tiles.SWIGLU`) and at most
+    `tiles.SWIGLU_MAX_ROWS` rows; otherwise it runs `gemv` ("auto") and the product."""
     given = x
     x, norm = _split_norm(x)
     lead = x.shape[:-1]
@@ -142,10 +143,10 @@ def gemv_swiglu(x: jax.Array | NormedRows, w_gate: jax.Array, w_up: jax.Array, *
     reason = next((r for w in (w_gate, w_up) if (r := _unsupported(rows.shape[0], k, w, w_gate.dtype))), None)
     if reason is None and w_up.shape != w_gate.shape:
         reason = f"gate {w_gate.shape} and up {w_up.shape} differ"
-    if reason is None and impl == "auto" and (k, n) not in kernel.SWIGLU_TUNING:
+    if reason is None and impl == "auto" and (k, n) not in SWIGLU.on():
         reason = f"no measured tuning for (K, N) = {(k, n)}"
-    if reason is None and impl == "auto" and rows.shape[0] > kernel.SWIGLU_MAX_ROWS:
-        reason = f"{rows.shape[0]} rows > {kernel.SWIGLU_MAX_ROWS}"
+    if reason is None and impl == "auto" and rows.shape[0] > SWIGLU_MAX_ROWS:
+        reason = f"{rows.shape[0]} rows > {SWIGLU_MAX_ROWS}"
     interpret = kernel_mode("gemv_swiglu", impl, reason)
     if interpret is None:
         y = reference.swiglu_product(*gemv(given, (w_gate, w_up), impl=impl))

@@ -17,9 +17,9 @@ fp32 partial and XLA sums the few partials (fused into the consumer).
 `gemv_swiglu` is the MLP's gate/up pair with the SwiGLU product in the epilogue: a program owns the same
 column block of both weights, walks K whole (the product needs finished sums) and writes
 silu(gate) * up, rounded as `reference.swiglu_product` rounds. It saves the product's launch and reads no
-gate/up activations back; its tiles are tuned per shape (`SWIGLU_TUNING`), and shapes with no measured win
+gate/up activations back; its tiles are tuned per shape (`tiles.SWIGLU`), and shapes with no measured win
 take `gemv` and the product. `gemv_add` takes `gemv`'s tiles except where a shape measured faster with its own
-(`ADD_TUNING`: the 9B and 27B down projections, 64-row K tiles).
+(`tiles.ADD`: the 9B and 27B down projections, 64-row K tiles).
 
 Why the Triton lowering: the loop is one load and one small dot per tile; Triton's pipelining of the
 loads is what a bandwidth-bound GEMV needs, with no warp specialisation to write by hand.
@@ -33,6 +33,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.dispatch import next_pow2
+from pallas_kernels.gemv.tiles import ADD, GEMV, SWIGLU
+from pallas_kernels.tiles import programs
 
 F32 = jnp.float32
 MIN_ROWS = 16  # tensor-core dot tiles need 16 rows (and Triton power-of-two shapes)
@@ -121,18 +123,6 @@ def _swiglu_kernel(x_ref, *refs, block_k: int, block_n: int, eps: float | None):
     o_ref[:, cols] = (act.astype(F32) * up.astype(dtype).astype(F32)).astype(dtype)
 
 
-# (K, N) of a gate/up pair -> (block_n, block_k, num_warps, num_stages) where the fused kernel beat `gemv` and
-# the product on the H200 (`scripts/bench_gemv.py --swiglu --sweep`, batch 1; figures in docs/DESIGN.md). 0.8B and
-# 2B are absent: the fused kernel is no faster there.
-SWIGLU_TUNING = {
-    (2560, 9216): (128, 128, 4, 3),  # 4B
-    (4096, 12288): (128, 128, 4, 3),  # 9B
-    (5120, 17408): (64, 64, 4, 3),  # 27B
-}
-SWIGLU_DEFAULT = (128, 128, 4, 3)
-SWIGLU_MAX_ROWS = 16  # measured at 1 and 8 rows; at 64, 128-column tiles overflow shared memory
-
-
 @functools.partial(jax.jit, static_argnames=("eps", "block_k", "block_n", "num_warps", "num_stages", "interpret"))
 def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Array | None = None,
                 eps: float | None = None, *, block_k: int | None = None, block_n: int | None = None,
@@ -140,14 +130,13 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Arra
     """silu(x w_gate) * (x w_up): x [M, K], w_gate / w_up [K, N] (one dtype) -> [M, N] in the weights' dtype.
     ``sums``, ``eps``: as `gemv`'s (the row scale applies to both projections before the product).
 
-    Tiles default to `SWIGLU_TUNING`'s for this (K, N), else `SWIGLU_DEFAULT`; block_k / block_n shrink to
-    powers of two dividing K / N.
+    Tiles left None take `tiles.SWIGLU`'s for this (K, N); block_k / block_n shrink to powers of two dividing
+    K / N.
     """
     m, k = x.shape
     n = w_gate.shape[1]
-    block_n, block_k, num_warps, num_stages = _tuned((block_n, block_k, num_warps, num_stages),
-                                                     SWIGLU_TUNING.get((k, n), SWIGLU_DEFAULT))
-    block_k, (block_n,), _ = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=1)
+    tiles = SWIGLU.get((k, n), block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    block_k, (block_n,), _ = plan(k, (n,), block_k=tiles.block_k, block_n=tiles.block_n, target_programs=1)
     padded = padded_rows(m)
     operands = _operands(x, w_gate.dtype, sums, padded)
     out = pl.pallas_call(
@@ -157,15 +146,10 @@ def gemv_swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, sums: jax.Arra
         in_specs=[pl.no_block_spec] * (2 + len(operands)),
         out_specs=pl.no_block_spec,
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         name="gemv_swiglu",
     )(*operands, w_gate, w_up)  # [Mp, N]
     return out[:m]
-
-
-def _tuned(given: tuple, tuned: tuple) -> tuple:
-    """The tuning keywords given, the shape's measured tuning for those left None."""
-    return tuple(default if value is None else value for value, default in zip(given, tuned, strict=True))
 
 
 def padded_rows(m: int) -> int:
@@ -183,14 +167,11 @@ def _operands(x: jax.Array, dtype, sums: jax.Array | None, padded: int) -> tuple
     return xp, jnp.pad(sums, ((0, next_pow2(blocks) - blocks), (0, padded - sums.shape[1])))
 
 
-GEMV_DEFAULT = (64, 128, 4, 264)  # `gemv`'s (block_n, block_k, num_stages, target_programs)
-
-
 @functools.partial(jax.jit, static_argnames=("out_dtype", "eps", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
 def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax.Array | None = None,
          eps: float | None = None, *, block_k: int | None = None, block_n: int | None = None,
-         target_programs: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+         target_programs: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
          interpret: bool = False) -> tuple[jax.Array, ...]:
     """x [M, K] times each w [K, N_i] (one dtype, K and every N multiples of 16) -> ([M, N_i], ...) in
     ``out_dtype`` (default: the weights' dtype).
@@ -200,17 +181,17 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax
     the norm's division deferred past the product (its own launch saved).
 
     block_k / block_n: most rows / columns of a weight tile per loop step; target_programs: the grid size the
-    K-splits aim at (~2 programs per SM of the H200's 132). Those left None take `GEMV_DEFAULT`, the best over
-    the 9B and 27B projection sets in `scripts/bench_gemv.py --sweep`: 1-2% behind each set's own best on the
-    geometric mean (128-column tiles: 8% behind).
+    K-splits aim at. Those left None take `tiles.GEMV`'s for this (K, (N, ...)) (its target: ``waves`` programs
+    per SM of the device).
     """
-    block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
-                                                           GEMV_DEFAULT)
     m, k = x.shape
     widths = tuple(w.shape[1] for w in weights)
+    tiles = GEMV.get((k, widths), block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    target_programs = programs(tiles.waves) if target_programs is None else target_programs
     dtype = weights[0].dtype
     out_dtype = jnp.dtype(out_dtype or dtype)
-    block_k, block_ns, splits = plan(k, widths, block_k=block_k, block_n=block_n, target_programs=target_programs)
+    block_k, block_ns, splits = plan(k, widths, block_k=tiles.block_k, block_n=tiles.block_n,
+                                     target_programs=target_programs)
     padded = padded_rows(m)
     operands = _operands(x, dtype, sums, padded)
     partial_dtype = out_dtype if splits == 1 else F32
@@ -224,7 +205,7 @@ def gemv(x: jax.Array, weights: tuple[jax.Array, ...], out_dtype=None, sums: jax
         in_specs=[pl.no_block_spec] * (len(operands) + len(weights)),
         out_specs=(pl.no_block_spec,) * len(weights),
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         name="gemv",
     )(*operands, *weights)  # ([splits, Mp, N_i], ...)
     return tuple((p[0] if splits == 1 else jnp.sum(p, axis=0, dtype=F32))[:m].astype(out_dtype) for p in partials)
@@ -280,20 +261,11 @@ def _gemv_add_kernel(x_ref, w_ref, residual_ref, arrivals_in_ref, *refs, block_k
         arrivals_ref[j] = 0  # ready for the next launch that reads these counters
 
 
-# (K, N) of an added projection -> (block_n, block_k, num_stages, target_programs) where it beat `gemv`'s
-# defaults (`GEMV_DEFAULT`) on the H200 (`scripts/bench_gemv.py --add --sweep`, batch 1; the plain `gemv` sweep found
-# the same tiles best for these weights; figures in docs/DESIGN.md).
-ADD_TUNING = {
-    (12288, 4096): (64, 64, 4, 264),  # 9B down
-    (17408, 5120): (64, 64, 4, 528),  # 27B down
-}
-
-
 @functools.partial(jax.jit, static_argnames=("real_rows", "y_dtype", "block_k", "block_n", "target_programs",
                                              "num_warps", "num_stages", "interpret"))
 def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Array, norm_weight: jax.Array | None = None,
              real_rows: int | None = None, y_dtype=None, *, block_k: int | None = None, block_n: int | None = None,
-             target_programs: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+             target_programs: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
              interpret: bool = False):
     """residual + (x w rounded to ``y_dtype``, default w's): x [M, K], w [K, N], residual [M, N] fp32 -> (out
     [M, N] fp32, scaled, sums, arrivals), in one launch: the K-split that finishes a column block last sums the
@@ -307,14 +279,15 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
     ``arrivals``: int32 zeros, at least N / 16 of them; returned zeroed again (pass it to the next call).
     ``real_rows``: only the first rows are read and written beyond the weights (the rest come out zero), so a
     batch padded to the tile's rows sums only its own partials; default all M. Tiles and splits as `gemv`'s, those
-    left None from `ADD_TUNING` for this (K, N), else `GEMV_DEFAULT`.
+    left None from `tiles.ADD` for this (K, N).
     """
     m, k = x.shape
     n = w.shape[1]
-    block_n, block_k, num_stages, target_programs = _tuned((block_n, block_k, num_stages, target_programs),
-                                                           ADD_TUNING.get((k, n), GEMV_DEFAULT))
+    tiles = ADD.get((k, n), block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    target_programs = programs(tiles.waves) if target_programs is None else target_programs
     y_dtype = jnp.dtype(y_dtype or w.dtype)
-    block_k, (block_n,), splits = plan(k, (n,), block_k=block_k, block_n=block_n, target_programs=target_programs)
+    block_k, (block_n,), splits = plan(k, (n,), block_k=tiles.block_k, block_n=tiles.block_n,
+                                       target_programs=target_programs)
     if arrivals.shape[0] < n // block_n:
         raise ValueError(f"arrivals: need at least {n // block_n} counters, got {arrivals.shape[0]}")
     padded = padded_rows(m)
@@ -338,7 +311,7 @@ def gemv_add(x: jax.Array, w: jax.Array, residual: jax.Array, arrivals: jax.Arra
         out_specs=(pl.no_block_spec,) * (len(shapes) + 1),
         input_output_aliases={3: len(shapes)},
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         name="gemv_add",
     )(*inputs)
     scaled, sums = (norm_out[0][:m], norm_out[1][:, :m]) if normed else (None, None)

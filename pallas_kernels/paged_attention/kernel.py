@@ -17,9 +17,8 @@ Mosaic GPU would change: per-page TMA copies `k_pages[page, :, h, :]` into an SM
 (TMA gathers of rows only come with Blackwell), wgmma with M = 64 per warpgroup (decode would pad its
 `G` rows to 64 or swap operands so the keys form M), page table and lengths read from SMEM.
 
-Tuning: block_kv 64, 2 stages, 4 warps by default; enough KV splits to fill the GPU (`_TARGET_PROGRAMS`).
-On the H200 (`scripts/bench_kernels.py --attention-sweep`, 9B heads, B=64, 4096-token contexts) decode reads
-K/V at ~4.2-4.3 TB/s of device time, split combine included; block_kv 32 or 128 and 8 warps are slower.
+Tiles: `tiles.py` (decode: block_kv 64, 2 stages, 4 warps, enough KV splits to fill the GPU). On the H200
+decode reads K/V at ~4.2-4.3 TB/s of device time, split combine included.
 
 Shared scheme of the attention kernels:
 - One program handles the query rows of ONE KV head: rows are (token, q head) pairs of that head's group,
@@ -41,11 +40,12 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.dispatch import next_pow2
 from pallas_kernels.paged_attention.reference import decode_attention_output
+from pallas_kernels.paged_attention.tiles import DECODE, PREFILL
+from pallas_kernels.tiles import programs
 
 F32 = jnp.float32
 
 _MIN_DOT_DIM = 16  # tl.dot needs M, N, K >= 16
-_TARGET_PROGRAMS = 264  # ~2 per SM of the H200 (132): decode splits the KV, prefill shrinks tiles to reach it
 
 
 def _div(x: jax.Array, d: int) -> jax.Array:
@@ -205,29 +205,32 @@ def paged_decode_attention(
     scale: float,
     gate: jax.Array | None = None,  # [>= B, Hq * 2 hd]: qg, per head query then gate
     out_rows: int | None = None,
-    block_kv: int = 64,
+    block_kv: int | None = None,
     num_splits: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     interpret: bool = False,
 ) -> jax.Array:  # [B, Hq, hd]; with gate, [out_rows, Hq * hd]
     """Decode attention (one query token per sequence), split-KV ("flash decoding") when B * Hkv is small.
 
     block_kv: keys per block (power of two >= 16, independent of the page size).
     num_splits: KV shares per (sequence, KV head), combined by a log-sum-exp weighted sum; None picks
-    enough to fill the GPU for this batch and cache capacity.
+    enough to fill the GPU for this batch and cache capacity. Tiles left None: `tiles.DECODE`'s.
     gate: the output is `reference.decode_attention_output`'s (gated, flattened, zero rows to out_rows),
     with the split combine and the gate in one launch (`_combine_gate_kernel`; with one split, XLA gates).
     The gate's dtype must be q's (the reference rounds o to q's dtype, then to the gate's).
     """
-    _check_block("block_kv", block_kv)
     batch, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
+    tiles = DECODE.get((num_q_heads, num_kv_heads, head_dim), block_kv=block_kv, num_warps=num_warps,
+                       num_stages=num_stages)
+    block_kv = tiles.block_kv
+    _check_block("block_kv", block_kv)
     group = num_q_heads // num_kv_heads
     rows = max(_MIN_DOT_DIM, next_pow2(group))
     if num_splits is None:
         max_blocks = -(-page_tables.shape[1] * page_size // block_kv)
-        want = -(-_TARGET_PROGRAMS // (batch * num_kv_heads))
+        want = -(-programs(tiles.waves) // (batch * num_kv_heads))
         num_splits = max(1, min(next_pow2(want), max_blocks))
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     kernel = functools.partial(
@@ -257,7 +260,7 @@ def paged_decode_attention(
         in_specs=[pl.no_block_spec] * 5,
         out_specs=out_specs,
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
         name="paged_decode_attention",
     )(context_lens.astype(jnp.int32), page_tables.astype(jnp.int32), q, k_pages.reshape(flat), v_pages.reshape(flat))
     if num_splits == 1:
@@ -477,25 +480,29 @@ def paged_prefill_attention(
     *,
     scale: float,
     block_q: int | None = None,
-    block_kv: int = 64,
+    block_kv: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
     interpret: bool = False,
 ) -> jax.Array:  # [T, Hq, hd]
     """Causal prefill / extend attention of packed ragged new tokens over their paged context.
 
     block_q: (token, q head) rows per program, power of two >= 16 (block_q / G tokens of one sequence);
-    None: 128 (8 warps), or 64 (4 warps) when 128-row tiles would not give two programs per SM.
-    block_kv: keys per block, power of two >= 16, independent of the page size.
+    None: `tiles.PREFILL`'s wide tiles (128 rows, 8 warps) where they give its waves of programs per SM, else
+    its narrow ones (64, 4 warps).
+    block_kv: keys per block, power of two >= 16, independent of the page size. Tiles left None: `tiles.PREFILL`'s.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
     num_seqs = page_tables.shape[0]
     group = num_q_heads // num_kv_heads
-    if block_q is None:  # programs with 128-row tiles: (T * G / 128) * Hkv
-        block_q = 128 if num_tokens * num_q_heads // 128 >= _TARGET_PROGRAMS else 64
+    tiles = PREFILL.get((num_q_heads, num_kv_heads, head_dim), block_kv=block_kv, num_stages=num_stages)
+    block_kv = tiles.block_kv
+    if block_q is None:  # programs with wide tiles: (T * G / block_q) * Hkv
+        wide = num_tokens * num_q_heads // tiles.block_q >= programs(tiles.waves)
+        block_q = tiles.block_q if wide else tiles.narrow_block_q
     if num_warps is None:
-        num_warps = 8 if block_q >= 128 else 4
+        num_warps = tiles.num_warps if block_q >= tiles.block_q else tiles.narrow_num_warps
     _check_block("block_q", block_q)
     _check_block("block_kv", block_kv)
     num_tiles = num_tokens * group // block_q + num_seqs + 1  # bound on the tiles of S sequences + padding
@@ -510,7 +517,7 @@ def paged_prefill_attention(
         in_specs=[pl.no_block_spec] * 6,
         out_specs=pl.no_block_spec,
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=tiles.num_stages),
         name="paged_prefill_attention",
     )(
         cu_q_lens.astype(jnp.int32),

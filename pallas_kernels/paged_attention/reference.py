@@ -10,9 +10,9 @@ that must never reach a real row. Softmax runs in fp32; rows that see no key out
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.layers.attention import attention_gate
-from hybrid_jax.layers.norm import zero_centred_rms_norm
-from hybrid_jax.layers.rope import apply_rope
+from pallas_kernels.math.attention import attention_gate
+from pallas_kernels.math.norm import zero_centred_rms_norm
+from pallas_kernels.math.rope import apply_rope
 
 
 def write_kv(

@@ -20,7 +20,7 @@ server=
 start_server() {  # $1: label; sets $server, appends {"label", "ready_s", "all_programs_s"} to $OUT/ready_SIZE.jsonl
   local start
   start=$(date +%s%N)
-  python3 -m hybrid_jax.cli serve --model-path "$SIZE" --served-model-name "qwen3.5-$SIZE" --port "$PORT" \
+  python3 -m server.cli serve --model-path "$SIZE" --served-model-name "qwen3.5-$SIZE" --port "$PORT" \
     --max-batch "${MAX_BATCH:-64}" --max-model-len "${MAX_MODEL_LEN:-4096}" --prefill-chunk "${PREFILL_CHUNK:-1024}" \
     --decode-steps "${DECODE_STEPS:-4}" --compilation-cache-dir "$CACHE" ${SERVER_FLAGS:-} > "$OUT/server_${SIZE}_$1.log" 2>&1 &
   server=$!

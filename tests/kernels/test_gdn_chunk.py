@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hybrid_jax.ops.gated_delta import gated_delta_chunked, gated_delta_scan
 from pallas_kernels import gdn_chunk as gc
 from pallas_kernels.gdn_chunk import reference
+from pallas_kernels.math.gated_delta import gated_delta_chunked, gated_delta_scan
 
 TOL = {jnp.float32: 1e-4, jnp.bfloat16: 2e-2}
 

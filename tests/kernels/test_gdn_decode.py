@@ -17,10 +17,11 @@ import pytest
 from flax import nnx
 
 from hybrid_jax.config import preset
-from hybrid_jax.layers.gdn import GatedDeltaNet, causal_conv
-from hybrid_jax.ops.gated_delta import gated_delta_scan, gated_delta_step
+from hybrid_jax.layers.gdn import GatedDeltaNet
 from pallas_kernels import gdn_decode as gd
 from pallas_kernels.gdn_decode import reference
+from pallas_kernels.math.gated_delta import gated_delta_scan, gated_delta_step
+from pallas_kernels.math.gdn import causal_conv
 
 TOL = 1e-5
 

@@ -16,6 +16,7 @@ import pytest
 
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
+import pallas_kernels.gemv.tiles as gemv_tiles
 from pallas_kernels.gemv import MAX_ROWS, NormedRows, gemv, gemv_add, gemv_swiglu
 from pallas_kernels.gemv import reference as gemv_reference
 from pallas_kernels.gemv.kernel import plan
@@ -228,19 +229,20 @@ def test_swiglu_auto_falls_back_for_untuned_shapes(monkeypatch):
     got = gemv_swiglu(x, w_gate, w_up)
     want = swiglu_product(*gemv(x, (w_gate, w_up), impl="reference"))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, (128, 64), gemv_kernel.SWIGLU_DEFAULT)
+    monkeypatch.setitem(gemv_tiles.SWIGLU.on(), (128, 64), gemv_tiles.SWIGLU.default)
     gemv_swiglu(x, w_gate, w_up)
-    x_many, _ = _inputs(1, gemv_kernel.SWIGLU_MAX_ROWS + 1, 128, (64,))
+    x_many, _ = _inputs(1, gemv_tiles.SWIGLU_MAX_ROWS + 1, 128, (64,))
     gemv_swiglu(x_many, w_gate, w_up)
     assert "no measured tuning" in reasons[0] and reasons[1] is None and "rows >" in reasons[2]
 
 
 def test_add_takes_its_shapes_tuning_unless_given(monkeypatch):
-    """`gemv_add`'s tiles come from `ADD_TUNING` for its (K, N), and a keyword given overrides them: with the
+    """`gemv_add`'s tiles come from `tiles.ADD` for its (K, N), and a keyword given overrides them: with the
     table's 16-column blocks the launch needs one counter per 16 columns, with 32 given half as many."""
     x, (w,) = _inputs(3, 1, 128, (96,))
     residual = jnp.zeros((1, 96), jnp.float32)
-    monkeypatch.setitem(gemv_kernel.ADD_TUNING, (128, 96), (16, 64, 3, 20))
+    monkeypatch.setitem(gemv_tiles.ADD.on(), (128, 96),
+                        gemv_tiles.GemvTiles(block_n=16, block_k=64, num_warps=4, num_stages=3, waves=1))
     few = jnp.zeros(96 // 32, jnp.int32)  # 3 counters: enough for 32-column blocks, not for 16
     with pytest.raises(ValueError, match="need at least 6 counters"):
         gemv_kernel.gemv_add(x, w, residual, few, interpret=True)

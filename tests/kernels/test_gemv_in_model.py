@@ -19,6 +19,7 @@ from flax import nnx
 import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
+import pallas_kernels.gemv.tiles as gemv_tiles
 from hybrid_jax.config import preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ def test_decode_logits_match_xla_dots(monkeypatch):
 
     monkeypatch.setattr(gemv_dispatch, "kernel_mode", kernel_where_supported)
     mlp = (config.hidden_size, config.intermediate_size)  # the fused gate/up + SwiGLU kernel as a GPU tuned for it
-    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, mlp, gemv_kernel.SWIGLU_DEFAULT)
+    monkeypatch.setitem(gemv_tiles.SWIGLU.on(), mlp, gemv_tiles.SWIGLU.default)
     with few_row_kernel():
         got, _ = jax.jit(model.forward)(ids, positions)
     assert used and all(ok for _, ok in used)  # every projection set went through a kernel
@@ -98,7 +99,7 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     for name in ("gemv", "gemv_swiglu"):
         monkeypatch.setattr(gemv_dispatch.kernel, name, counting_norms(getattr(gemv_kernel, name)))
     mlp = (config.hidden_size, config.intermediate_size)
-    monkeypatch.setitem(gemv_kernel.SWIGLU_TUNING, mlp, gemv_kernel.SWIGLU_DEFAULT)
+    monkeypatch.setitem(gemv_tiles.SWIGLU.on(), mlp, gemv_tiles.SWIGLU.default)
     got_tokens, got_logprobs = generate()
     assert {op for op, ok in used if ok} >= ops
     assert any(normed) == (ops != {"gemv_add"})  # the norms went through the kernels' loads

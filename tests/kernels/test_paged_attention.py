@@ -15,8 +15,8 @@ from flax import nnx
 
 from hybrid_jax.config import preset
 from hybrid_jax.layers.attention import GatedAttention
-from hybrid_jax.layers.rope import rope_cos_sin
 from pallas_kernels import paged_attention as pa
+from pallas_kernels.math.rope import rope_cos_sin
 from pallas_kernels.paged_attention import reference
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}

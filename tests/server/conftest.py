@@ -57,7 +57,7 @@ def server(tmp_path_factory) -> Server:
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".jax_cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"}
-    command = [sys.executable, "-m", "hybrid_jax.cli", "serve", "--port", str(port), "--max-batch", str(MAX_BATCH),
+    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-batch", str(MAX_BATCH),
                "--max-model-len", str(MAX_MODEL_LEN), "--prefill-chunk", "32", "--decode-sizes", "2", str(MAX_BATCH),
                "--threads", "96", "--request-read-timeout", str(READ_TIMEOUT_S),
                "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY_BYTES), "--max-waiting", str(MAX_WAITING)]
