@@ -67,20 +67,19 @@ def main() -> None:
         r.pages = engine.pages.allocate(pages_for(max_len, 16))
         requests.append(r)
     variant = (not args.sampling, args.decode_steps)
-    leaves = len(jax.tree.leaves(engine._weights)), len(jax.tree.leaves(engine.pools))
+    leaves = len(jax.tree.leaves(engine.runner.weights)), len(jax.tree.leaves(engine.pools))
 
     previous = None
 
     def call():
         nonlocal previous
-        previous = engine._launch_decode(requests, variant, after=previous if args.chained else None)
+        previous = engine.launch_decode(requests, variant, after=previous if args.chained else None)
         return previous.sampled
 
     jax.block_until_ready(call())  # compile
-    if args.hlo_out:
-        batch = engine.decode_batch(requests, args.batch)
+    if args.hlo_out:  # the program that call ran
         with open(args.hlo_out, "w") as f:
-            f.write(engine._decode[variant].lower(engine._weights, engine.pools, batch).compile().as_text())
+            f.write(engine.programs.get(("decode", *previous.variant, previous.size)).as_text())
     sync = timed(lambda: jax.block_until_ready(call()), 30)
     start = time.perf_counter()
     for _ in range(30):

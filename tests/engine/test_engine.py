@@ -1,6 +1,7 @@
 """The engine against the plain model: greedy equality, chunked prefill, mid-flight arrivals, cancellation, leaks."""
 
 import threading
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 import hybrid_jax
 from hybrid_jax.engine.cache import pages_for
 from hybrid_jax.engine.engine import Engine, EngineConfig, QueueFullError, Request
+from hybrid_jax.engine.runner import FirstTokens, host_samples
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.generate import greedy_generate
 
@@ -49,6 +51,15 @@ def test_config_checked():
 
 def tokens(handle):
     return [e.token_id for e in handle if e.token_id is not None]
+
+
+def decode_calls(engine) -> Counter:
+    """Decode calls the engine has run while serving, by steps per call."""
+    calls = Counter()
+    for key, n in engine.runner.runs.items():
+        if key[0] == "decode":
+            calls[key[2]] += n
+    return calls
 
 
 @pytest.mark.parametrize("chunk, steps", [(32, 1), (256, 3)], ids=["chunked-prefill", "whole-prompts-multistep"])
@@ -155,12 +166,13 @@ def test_chained_call_inputs_match_the_host_built_batch(model, prompts):
         r.slot = engine.slots.allocate(1)[0]
         r.pages = engine.pages.allocate(pages_for(r.total_len, 16))
         requests.append(r)
-    call = engine._launch_decode(requests, (False, 1))
-    second = engine._launch_decode(requests, (False, 1), after=call)
-    engine._deliver_call(call)
-    engine._deliver_call(second)
+    call = engine.launch_decode(requests, (False, 1))
+    second = engine.launch_decode(requests, (False, 1), after=call)
+    for c in (call, second):
+        for sampled in engine.runner.read(c):
+            engine.scheduler.deliver(c.requests, sampled)
     assert all(len(r.output_ids) == 3 for r in requests)
-    host = engine.decode_batch(requests, 4)
+    host = engine.runner.decode_batch(requests, 4)
     for name, want, got in zip(host._fields, host, second.next_batch, strict=True):
         for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
@@ -172,17 +184,22 @@ def test_first_call_inputs_take_prefills_samples_on_the_device(model, prompts):
     engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3))
     requests = [Request(f"r{i}", p, SamplingParams(max_tokens=20, temperature=0.5 * i, seed=i, ignore_eos=True),
                         seed=i) for i, p in enumerate(prompts[4:7])]
-    engine._waiting.extend(requests)
-    engine._admit()
-    engine._run_prefill()
-    first = engine._first
-    assert first is not None and [r.request_id for r in first.requests] == ["r0", "r1", "r2"]
+    scheduler, runner = engine.scheduler, engine.runner
+    for r in requests:
+        scheduler.put(r)
+    scheduler.take_arrivals(block=False)
+    scheduler.admit()
+    chunks = scheduler.prefill_chunks()
+    sampled = runner.prefill(chunks, scheduler.prefill_buckets(chunks))
+    first = FirstTokens(*scheduler.prefilled(chunks), sampled)
+    assert [r.request_id for r in first.requests] == ["r0", "r1", "r2"]
     assert not any(r.output_ids for r in requests)  # nothing read yet
     order = [requests[2], requests[0], requests[1]]  # rows in another order than prefill's
-    device_made = engine.decode_batch(order, 4, first)
-    engine._deliver(first.requests, first.sampled, first.rows)
+    device_made = runner.decode_batch(order, 4, first)
+    assert runner.runs[("first_tokens", 4)] == 1
+    scheduler.deliver(first.requests, host_samples(first.sampled, first.requests), first.rows)
     assert all(len(r.output_ids) == 1 for r in requests)
-    host = engine.decode_batch(order, 4)
+    host = runner.decode_batch(order, 4)
     for name, want, got in zip(host._fields, host, device_made, strict=True):
         for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
@@ -190,70 +207,46 @@ def test_first_call_inputs_take_prefills_samples_on_the_device(model, prompts):
 
 def test_first_decode_call_is_queued_before_prefills_tokens_are_read(model, prompts):
     """After the prefill that finishes a prompt, the engine queues the first decode call before it reads
-    prefill's token (the device goes from one to the other with no host round trip); the output is unchanged."""
+    prefill's token: that call takes the token from prefill's output on the device (the first-tokens program
+    runs), and the output is unchanged."""
     want = greedy_generate(model, jnp.asarray([prompts[1]]), 8)[0]
     engine = make_engine(model, decode_steps=3)
-    events = []
-    launch, deliver = engine._launch_decode, engine._deliver
-
-    def launching(requests, variant, **kw):
-        events.append("launch")
-        return launch(requests, variant, **kw)
-
-    def delivering(requests, sampled, rows=None):
-        events.append("deliver")
-        return deliver(requests, sampled, rows)
-
-    engine._launch_decode, engine._deliver = launching, delivering
     try:
         assert tokens(engine.submit(prompts[1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))) == want
     finally:
         engine.shutdown()
-    assert events[:2] == ["launch", "deliver"]
+    assert engine.runner.runs[("first_tokens", 1)] == 1
+    assert decode_calls(engine) == Counter({3: 2, 1: 1})  # 7 tokens after prefill's
 
 
 def test_a_one_token_request_queues_no_decode_call(model, prompts, reference):
     """max_tokens=1: prefill's token is the whole output, so no decode call is queued for it (its first token is
     still unread when the engine decides), and the next request is served as usual."""
     engine = make_engine(model, decode_steps=3)
-    launched = []
-    launch = engine._launch_decode
-
-    def counting(requests, variant, **kw):
-        launched.append([r.request_id for r in requests])
-        return launch(requests, variant, **kw)
-
-    engine._launch_decode = counting
     try:
         events = list(engine.submit(prompts[1], SamplingParams(max_tokens=1, temperature=0)))
         assert [e.token_id for e in events] == reference[1][:1] and events[-1].finish_reason == "length"
-        assert launched == []
+        assert decode_calls(engine) == Counter()
         assert tokens(engine.submit(prompts[2], SamplingParams(max_tokens=4, temperature=0))) == reference[2][:4]
-        assert launched
+        assert decode_calls(engine) == Counter({3: 1})  # its 3 tokens after prefill's in one call
     finally:
         engine.shutdown()
 
 
-@pytest.mark.parametrize(("max_tokens", "calls"), [(10, [3, 3, 3]), (12, [3, 3, 3, 1, 1])],
+@pytest.mark.parametrize(("max_tokens", "calls"), [(10, {3: 3}), (12, {3: 3, 1: 2})],
                          ids=["exact-multiple", "single-step-tail"])
 def test_no_step_runs_past_max_tokens(model, prompts, max_tokens, calls):
     """Prefill gives token 1, decode calls of 3 steps the rest. Once the call in flight reaches a request's
     max_tokens nothing more is queued for it (a later request's prefill would wait behind discarded rows), and
-    its last tokens, fewer than a call's 3, take a step per call rather than a call that computes past its end."""
+    its last tokens, fewer than a call's 3, take a step per call rather than a call that computes past its end:
+    the calls' steps add up to the tokens wanted."""
     want = greedy_generate(model, jnp.asarray([prompts[1]]), max_tokens)[0]
     engine = make_engine(model, decode_steps=3)
-    launched = []
-    launch = engine._launch_decode
-
-    def counting(requests, variant, **kw):
-        launched.append(variant[1])
-        return launch(requests, variant, **kw)
-
-    engine._launch_decode = counting
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         assert tokens(engine.submit(prompts[1], params)) == want
-        assert launched == calls
+        assert decode_calls(engine) == Counter(calls)
+        assert sum(steps * n for steps, n in calls.items()) == max_tokens - 1
     finally:
         engine.shutdown()
 
@@ -266,7 +259,7 @@ def test_nothing_compiles_while_serving(model, prompts, compile_log):
     assert engine.config.decode_buckets == (3, 4)  # max_batch is always a size
     # One compile per program: the warm-up compiled against the released pools' shapes, and its run of each
     # program on the re-allocated pools used those compilations (a signature mismatch compiles them all again).
-    programs = len(engine._decode) * len(engine.config.decode_buckets) + len(engine.config.prefill_buckets)
+    programs = len([key for key in engine.programs.specs if key[0] in ("decode", "prefill")])
     assert len([m for m in compile_log.messages() if m.startswith("Compiling jit(_run")]) == programs
     compile_log.clear()
     try:

@@ -1,0 +1,428 @@
+"""The engine's device side: the weights, the cache pools, the compiled programs, their warm-up, the host-built
+batches and the calls that queue the steps on the device.
+
+Every program (a step at one shape bucket) is loaded from the executable store or compiled during a logged
+warm-up at start, so nothing compiles while serving; with ``background_compile`` only the programs that can
+serve any request are built before ``start`` returns and the rest follow in a background thread, the engine
+running a larger bucket or a plainer variant until each is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import asdict
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout, pool_shapes
+from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
+from hybrid_jax.engine.requests import Request
+from hybrid_jax.engine.sampler import Sampled, SamplingRows
+from hybrid_jax.engine.scheduler import Variant
+from hybrid_jax.engine.steps import DecodeBatch, Kernels, PrefillBatch, decode_step, multi_decode_step, prefill_step
+from hybrid_jax.layers.linear import few_row_kernel
+from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
+
+log = logging.getLogger("hybrid_jax.engine")
+
+
+class DecodeCall(NamedTuple):
+    """A decode call queued on the device whose samples the host has not read yet."""
+
+    requests: list[Request]  # rows 0.. of the batch
+    variant: Variant
+    sampled: Sampled  # device arrays with a leading [steps] axis
+    next_batch: DecodeBatch  # on the device: the inputs of a call chained after this one (same requests)
+
+    @property
+    def steps(self) -> int:
+        return self.variant[1]
+
+    @property
+    def size(self) -> int:
+        """The call's batch bucket."""
+        return self.next_batch.tokens.shape[0]
+
+
+class FirstTokens(NamedTuple):
+    """Prefill's samples for the requests whose prompts it finished, still on the device: the first decode call
+    over them is queued before the host reads them."""
+
+    requests: list[Request]
+    rows: list[int]  # each request's row of ``sampled``
+    sampled: Sampled  # device arrays [max_prefill_seqs]
+
+
+def take_first_tokens(tokens: jax.Array, first_tokens: jax.Array, source: jax.Array) -> jax.Array:
+    """``tokens`` [B] with each row whose ``source`` [B] is >= 0 replaced by ``first_tokens`` [S] at that index."""
+    return jnp.where(source >= 0, first_tokens[jnp.maximum(source, 0)].astype(tokens.dtype), tokens)
+
+
+def host_samples(sampled: Sampled, requests: list[Request]) -> Sampled:
+    """``sampled`` copied to the host (numpy arrays); the top logprobs only when some request wants them."""
+    want_top = any(r.params.logprobs for r in requests)
+    return Sampled(np.asarray(sampled.tokens), np.asarray(sampled.logprob),
+                   np.asarray(sampled.top_ids) if want_top else None,
+                   np.asarray(sampled.top_logprobs) if want_top else None)
+
+
+def _is_abstract(model: nnx.Module) -> bool:
+    return any(isinstance(w, jax.ShapeDtypeStruct) for w in jax.tree.leaves(nnx.state(model)))
+
+
+class Runner:
+    """Owns the weights, the cache pools and the programs; runs the steps the engine loop asks for."""
+
+    def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig, *, valid_vocab: int | None = None,
+                 executable_dir: str | os.PathLike | None = None):
+        """``model`` may be abstract (shape-only parameters): its programs can be built (`prepare_programs`)
+        while the weights load, and `attach` gives it the loaded model before `warmup`."""
+        self.model, self.config = model, config
+        self.valid_vocab = valid_vocab or model.config.vocab_size
+        self.weights_loaded = not _is_abstract(model)
+        self.mesh = self._place_model(model)
+        # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
+        # in Python node by node (~10 us a weight a call: DESIGN).
+        self._graphdef, weights = nnx.split(model)
+        leaves, self._weights_def = jax.tree.flatten(weights)
+        self.weights = tuple(leaves)
+        unloaded = 0 if self.weights_loaded else sum(w.size * w.dtype.itemsize for w in leaves)
+        self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
+                                  max_model_len=config.max_model_len, page_size=config.page_size,
+                                  memory_utilization=config.memory_utilization, num_pages=config.num_pages,
+                                  tp=config.tensor_parallel_size, reserved_bytes=unloaded)
+        shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
+        self.pools = allocate_pools(shapes, self._pool_shardings)
+        # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
+        self.decode_steps = config.decode_steps if self.mesh is None else 1
+        self._prefill, self._decode = self._jit_steps()
+        self._take_first_tokens = jax.jit(take_first_tokens)
+        self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
+        store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
+        self.programs = Programs(self._program_specs(), store, self._program_context())
+        self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
+        self._prepared = False  # the programs start needs are built
+        self._load_seconds = 0.0  # spent loading them from the store
+        self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
+
+    # -- the steps: every use of `steps`, `few_row_kernel`, the model's sharding and the pools' layout ------
+    def _place_model(self, model: Qwen35ForCausalLM) -> Mesh | None:
+        """The mesh of ``tensor_parallel_size`` devices (None for one) with ``model`` sharded over it."""
+        tp = self.config.tensor_parallel_size
+        mesh = make_mesh(tp) if tp > 1 else None
+        if mesh is not None:
+            if not self.weights_loaded:
+                raise ValueError("tensor_parallel_size: an engine over a mesh needs its weights loaded first")
+            shard_model(model, mesh)
+        return mesh
+
+    def _pool_layout(self) -> tuple[dict, dict | None, NamedSharding | None]:
+        """The pools' shapes, their shardings and the batches' (None without a mesh)."""
+        config = self.model.config
+        shapes = pool_shapes(config, self.layout, self.model.dtype, config.vocab_size,
+                             stored_kv_heads(config, self.config.tensor_parallel_size))
+        if self.mesh is None:
+            return shapes, None, None
+        pools = jax.tree.map(lambda p: NamedSharding(self.mesh, p), pool_specs(config),
+                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+        return shapes, pools, NamedSharding(self.mesh, PartitionSpec())
+
+    def _jit_steps(self) -> tuple:
+        """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
+        steps per call only for greedy batches."""
+        step_kw = dict(kernels=Kernels(self.model, self.mesh), page_size=self.layout.page_size,
+                       valid_vocab=self.valid_vocab)
+        jit_kw = dict(donate_argnums=1)
+        # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
+        decode_kw = dict(donate_argnums=(1, 2))
+        if self.mesh is not None:
+            # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
+            # so a chained decode call's batch (the previous call's output) has the sharding the warm-up compiled
+            # for (and decode_batch places the host's batch the same way: the same input type).
+            replicated = self._batch_sharding
+            weight_shardings = tuple(w.sharding for w in self.weights)
+            jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
+                          out_shardings=(replicated, self._pool_shardings))
+            decode_kw = dict(jit_kw, donate_argnums=(1, 2),
+                             out_shardings=(replicated, replicated, self._pool_shardings))
+        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
+        decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy, **step_kw),
+                                       **decode_kw) for greedy in (False, True)}
+        if self.decode_steps > 1:
+            decode[True, self.decode_steps] = jax.jit(
+                partial(self._run_decode_step, multi_decode_step, num_steps=self.decode_steps, greedy_only=True,
+                        **step_kw), **decode_kw)
+        return prefill, decode
+
+    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
+        """A decode step whose samples carry a leading [steps] axis, plus the inputs of the next call over the
+        same requests (its tokens the last samples, positions and sampling steps advanced), made on the device:
+        a chained call needs no host-side array op and no host-to-device copy."""
+        sampled, pools = self._run(step, weights, pools, batch, **kw)
+        if sampled.tokens.ndim == 1:
+            sampled = jax.tree.map(lambda x: x[None], sampled)
+        real = batch.slot_ids > 0  # [B] padding rows stay as the host pads them
+        advance = lambda x: jnp.where(real, x + sampled.tokens.shape[0], x)
+        next_batch = batch._replace(tokens=jnp.where(real, sampled.tokens[-1], 0), positions=advance(batch.positions),
+                                    rows=batch.rows._replace(step=advance(batch.rows.step)))
+        return sampled, next_batch, pools
+
+    def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
+        model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
+        with few_row_kernel(True, self.mesh):
+            return step(model, pools, batch, **kw)
+
+    # -- programs and warm-up ------------------------------------------------------------------------
+    def _program_specs(self) -> dict[tuple, ProgramSpec]:
+        """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
+        ("first_tokens", B), essential ones first: the general decode at the largest batch and the largest
+        prefill serve any request; the rest, smallest buckets first, only make some faster."""
+        # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
+        # from the compiled one's.
+        placed = lambda a: a.sharding if self.mesh is not None else None
+        shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
+        pools = jax.tree.map(shape_of, self.pools)
+        weights = tuple(map(shape_of, self.weights))
+        largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
+        rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
+        specs = {}
+        for size in reversed(self.config.decode_buckets):
+            for (greedy, steps), fn in sorted(self._decode.items()):
+                specs["decode", greedy, steps, size] = ProgramSpec(
+                    f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", fn,
+                    (weights, pools, self.decode_batch([], size)),
+                    essential=size == largest_decode and not greedy)
+            specs["first_tokens", size] = ProgramSpec(
+                f"first tokens B={size}", self._take_first_tokens,
+                (rows(size), rows(self.config.max_prefill_seqs), rows(size)),
+                essential=size == largest_decode)
+        for size in reversed(self.config.prefill_buckets):
+            specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
+                                                 (weights, pools, self.prefill_batch([], size)),
+                                                 essential=size == largest_prefill)
+        # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
+        order = lambda key: (not specs[key].essential, key[-1], key[0] != "decode", -key[2] if key[0] == "decode"
+                             else 0)
+        return {key: specs[key] for key in sorted(specs, key=order)}
+
+    def _program_context(self) -> dict:
+        """What decides the programs besides their arguments' shapes (the executable store's key)."""
+        settings = {k: v for k, v in asdict(self.config).items()
+                    if k not in ("max_waiting", "compile_threads", "background_compile", "memory_utilization")}
+        return {"model": repr(self.model.config), "dtype": str(self.model.dtype), "valid_vocab": self.valid_vocab,
+                "engine": settings, "decode_steps": self.decode_steps, "layout": repr(self.layout)}
+
+    def load_stored_programs(self) -> bool:
+        """Load the programs start needs that the executable store holds; True when none is missing."""
+        wanted, start = self._start_programs, time.perf_counter()
+        self.programs.load_stored(self._compile_threads, wanted)
+        self._load_seconds += time.perf_counter() - start
+        return all(self.programs.get(k) is not None for k in wanted)
+
+    def release(self) -> None:
+        """Free the pools of a runner that will not start (their device memory goes back at once)."""
+        self.pools = None
+
+    def prepare_programs(self) -> None:
+        """Load or compile the programs start needs; only their shapes are read, so this may run while the
+        weights load (an abstract model)."""
+        if self._prepared:
+            return
+        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
+        self.load_stored_programs()
+        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", programs.counts["loaded"],
+                 len(wanted), self._load_seconds)
+        missing = [k for k in wanted if programs.get(k) is None]
+        if missing:
+            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
+            self.pools = None
+            seconds = programs.compile_missing(missing, threads, "compiling programs")
+            log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
+            self.pools = allocate_pools(shapes, self._pool_shardings)
+        self._prepared = True
+
+    def warmup(self) -> None:
+        """Build the programs start needs (every one, or only the essential ones with ``background_compile``):
+        each loaded from the executable store or compiled; then run each once on a padding batch (null slot and
+        page), so nothing compiles while serving. On the CPU the runs are skipped; on a GPU a program's first
+        run records its CUDA graphs. With ``background_compile`` the rest are loaded or compiled after.
+
+        The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
+        scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
+        room for when several programs compile at once."""
+        self.prepare_programs()
+        if not self.weights_loaded:
+            raise RuntimeError("warmup: the engine's model is abstract; attach the loaded model first")
+        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
+        if self.devices[0].platform != "cpu":  # the CPU records nothing on a first run
+            start = time.perf_counter()
+            for key in wanted:
+                compiled, args = programs.get(key), programs.specs[key].args
+                if key[0] == "first_tokens":
+                    compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
+                             np.full(key[1], -1, np.int32))
+                else:
+                    _, *_, self.pools = compiled(self.weights, self.pools, args[2])
+            jax.block_until_ready(self.pools)
+            log.info("start-up: %d programs run once in %.1f s", len(wanted), time.perf_counter() - start)
+        self._warm = True
+        # In the background a quarter of the warm-up's threads: each compile holds XLA's autotuner scratch beside
+        # the pools.
+        if self.config.background_compile and programs.compile_rest(max(1, threads // 4)) is not None:
+            log.info("start-up: %d programs left to load or compile in the background (a larger bucket serves "
+                     "meanwhile)", programs.pending)
+
+    @property
+    def _compile_threads(self) -> int:
+        return max(1, min(os.cpu_count() or 1, self.config.compile_threads))
+
+    @property
+    def _start_programs(self) -> list[tuple]:
+        """The programs built before start returns: every one, or the essential ones with background_compile."""
+        return [k for k, spec in self.programs.specs.items() if spec.essential or not self.config.background_compile]
+
+    def attach(self, model: Qwen35ForCausalLM) -> None:
+        """Give a runner built over an abstract model the loaded one (same config, shapes and dtypes)."""
+        _, weights = nnx.split(model)
+        leaves, tree = jax.tree.flatten(weights)
+        if tree != self._weights_def or any(a.shape != b.shape or a.dtype != b.dtype
+                                            for a, b in zip(leaves, self.weights, strict=True)):
+            raise ValueError("model: its parameters differ from the engine's (another config or dtype)")
+        self.model, self.weights, self.weights_loaded = model, tuple(leaves), True
+
+    def program(self, key: tuple):
+        """The compiled program for ``key``, or None while it is not built (after the warm-up); before a warm-up
+        (``start(warmup=False)``) a missing program is built on first use."""
+        compiled = self.programs.get(key)
+        if compiled is None and not self._warm:
+            compiled = self.programs.build(key)
+        return compiled
+
+    # -- host batches --------------------------------------------------------------------------------
+    def _sampling_rows(self, requests: list[Request], size: int,
+                       ahead: np.ndarray | None = None) -> tuple[SamplingRows, jax.Array]:
+        """The rows' sampling settings; ``ahead`` [len(requests)]: tokens each has sampled that the host has not
+        read yet."""
+        cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
+                                                               "frequency_penalty", "repetition_penalty")}
+        cols["top_p"][:] = 1.0
+        cols["repetition_penalty"][:] = 1.0
+        top_k = np.zeros(size, np.int32)
+        seed = np.zeros(size, np.uint32)
+        step = np.zeros(size, np.int32)
+        for i, r in enumerate(requests):
+            p = r.params
+            for name in cols:
+                cols[name][i] = getattr(p, name)
+            top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
+            seed[i] = r.seed
+            step[i] = len(r.output_ids) + (0 if ahead is None else ahead[i])
+        want_top = any(r.params.logprobs for r in requests)
+        return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
+
+    def decode_batch(self, requests: list[Request], size: int, first: FirstTokens | None = None) -> DecodeBatch:
+        """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host; the tokens of
+        the requests in ``first`` are prefill's samples, taken on the device."""
+        width = self.layout.max_pages_per_seq
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        slot_ids = np.zeros(size, np.int32)
+        page_tables = np.zeros((size, width), np.int32)
+        source = np.full(size, -1, np.int32)  # row of first.sampled holding the row's token, else -1
+        if first is not None:
+            index = {id(r): i for i, r in enumerate(requests)}
+            for r, row in zip(first.requests, first.rows, strict=True):
+                if id(r) in index:
+                    source[index[id(r)]] = row
+        ahead = (source[: len(requests)] >= 0).astype(np.int32)
+        for i, r in enumerate(requests):
+            tokens[i] = r.output_ids[-1] if not ahead[i] else 0
+            positions[i] = len(r.prompt_ids) + len(r.output_ids) + ahead[i] - 1
+            slot_ids[i] = r.slot
+            page_tables[i] = page_table_row(r.pages, width)
+        rows, want_top = self._sampling_rows(requests, size, ahead)
+        if ahead.any():
+            take = self.program(("first_tokens", size))
+            if take is not None:
+                tokens = take(tokens, first.sampled.tokens, source)
+                self.runs[("first_tokens", size)] += 1
+            else:  # not built yet: read prefill's tokens on the host
+                tokens = np.where(source >= 0, np.asarray(first.sampled.tokens)[np.maximum(source, 0)], tokens)
+        batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
+        if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
+            batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
+        return batch
+
+    def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> PrefillBatch:
+        """The prefill step's inputs: ``n`` more prompt tokens of each (request, n), packed and padded to ``size``."""
+        num_seqs = self.config.max_prefill_seqs
+        width = self.layout.max_pages_per_seq
+        tokens = np.zeros(size, np.int32)
+        positions = np.zeros(size, np.int32)
+        seq_index = np.zeros(size, np.int32)
+        valid = np.zeros(size, np.bool_)
+        cu = np.zeros(num_seqs + 1, np.int32)
+        slot_ids = np.zeros(num_seqs, np.int32)
+        page_tables = np.zeros((num_seqs, width), np.int32)
+        context_lens = np.zeros(num_seqs, np.int32)
+        is_first = np.zeros(num_seqs, np.bool_)
+        is_last = np.zeros(num_seqs, np.bool_)
+        offset = 0
+        for s, (r, n) in enumerate(chunks):
+            start = r.num_prefilled
+            tokens[offset: offset + n] = r.prompt_ids[start: start + n]
+            positions[offset: offset + n] = np.arange(start, start + n)
+            seq_index[offset: offset + n] = s
+            valid[offset: offset + n] = True
+            offset += n
+            cu[s + 1] = offset
+            slot_ids[s] = r.slot
+            page_tables[s] = page_table_row(r.pages, width)
+            context_lens[s] = start + n
+            is_first[s] = start == 0
+            is_last[s] = start + n == len(r.prompt_ids)
+        cu[len(chunks) + 1:] = offset
+        rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
+        return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
+                            is_first, is_last, rows, want_top)
+
+    # -- calls ---------------------------------------------------------------------------------------
+    def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
+        """Queue one prefill step over ``chunks`` at the first built of ``buckets``; its samples stay on the
+        device ([max_prefill_seqs] rows, one per chunk)."""
+        size, program = next((b, p) for b in buckets if (p := self.program(("prefill", b))) is not None)
+        sampled, self.pools = program(self.weights, self.pools, self.prefill_batch(chunks, size))
+        self.runs[("prefill", size)] += 1
+        return sampled
+
+    def launch_decode(self, requests: list[Request], choices: list[tuple[Variant, int]],
+                      after: DecodeCall | None = None, first: FirstTokens | None = None) -> DecodeCall | None:
+        """Queue one decode call over ``requests`` with the first built of ``choices`` ((variant, bucket), best
+        first); ``after``: the call in flight for the same requests, whose outputs on the device are this call's
+        inputs (the host neither waits for them nor copies anything to the device); ``first``: prefill's unread
+        samples, the last tokens of the requests it names. None (nothing queued) when no choice is built."""
+        choice = next(((v, b, p) for v, b in choices if (p := self.program(("decode", *v, b))) is not None), None)
+        if choice is None:
+            return None
+        variant, size, program = choice
+        batch = after.next_batch if after is not None else self.decode_batch(requests, size, first)
+        sampled, next_batch, self.pools = program(self.weights, self.pools, batch)
+        self.runs[("decode", *variant, size)] += 1
+        return DecodeCall(requests, variant, sampled, next_batch)
+
+    @staticmethod
+    def read(call: DecodeCall) -> list[Sampled]:
+        """A call's samples on the host, one set per step (waits for the call)."""
+        host = host_samples(call.sampled, call.requests)
+        return [jax.tree.map(lambda x, k=k: x[k], host) for k in range(call.steps)]

@@ -1,0 +1,256 @@
+"""The engine's scheduling, decided from request state alone (plain Python: no JAX, no device).
+
+- Admission: FCFS; the first waiting request is admitted when a state slot and KV pages for its whole lifetime
+  (prompt + max_tokens) are free. A request that can never fit is rejected at submit.
+- Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
+  chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them.
+- Decode: every decoding request in one call, at the smallest batch bucket that holds them; a call chains
+  after the one in flight while the requests stay the same; several steps per call only for a greedy batch
+  with nothing waiting for prefill, and only while some request still wants that many tokens.
+- Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
+  before the next step; either frees its slot and pages.
+
+The engine hands the scheduler host copies of the samples; the runner's device work is not seen here.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.requests import QueueFullError, Request, TokenEvent
+
+if TYPE_CHECKING:
+    from hybrid_jax.engine.cache import BlockAllocator
+    from hybrid_jax.engine.sampler import Sampled
+
+log = logging.getLogger("hybrid_jax.engine")
+
+Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
+
+
+class Scheduler:
+    """The requests' queues and counters, and the cache's slot and page allocators.
+
+    ``submit``-side methods (``check``, ``put``, ``cancel``, ``wake``) may run on any thread; the rest run on
+    the engine thread."""
+
+    def __init__(self, config: EngineConfig, slots: BlockAllocator, pages: BlockAllocator, *, page_size: int,
+                 decode_steps: int, eos_token_ids: Sequence[int] = ()):
+        """``slots``, ``pages``: allocators of the pools' state slots and KV pages; ``decode_steps``: the most
+        decode steps a call may run (the runner's: 1 under a mesh)."""
+        self.config, self.slots, self.pages = config, slots, pages
+        self.page_size, self.decode_steps = page_size, decode_steps
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # submitted requests (None: a wake-up)
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self.decoding: list[Request] = []
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+
+    def pages_for(self, tokens: int) -> int:
+        """KV pages that hold ``tokens`` tokens."""
+        return -(-tokens // self.page_size)
+
+    # -- arrivals (any thread) -----------------------------------------------------------------------
+    def check(self, prompt_len: int, max_tokens: int) -> None:
+        """Raise ValueError for a request that can never fit, QueueFullError while the queue is full."""
+        total = prompt_len + max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the model's context of {self.config.max_model_len} tokens")
+        if self.pages_for(total) > self.pages.capacity:
+            raise ValueError(f"max_tokens: the request needs more KV pages than the cache has ({self.pages.capacity})")
+        if len(self.waiting) + self.inbox.qsize() >= self.config.max_waiting:
+            raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
+
+    def put(self, request: Request) -> None:
+        self.inbox.put(request)
+
+    def cancel(self, request: Request) -> None:
+        request.cancelled = True
+        self.wake()
+
+    def wake(self) -> None:
+        """End the engine thread's wait for arrivals."""
+        self.inbox.put(None)
+
+    # -- admission and finishing ---------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.decoding)
+
+    def take_arrivals(self, block: bool) -> None:
+        """Move the inbox's requests to the waiting queue; ``block``: wait up to 0.5 s for the first."""
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def reap_cancelled(self) -> None:
+        for r in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(r)
+            self.finish(r, None, "abort")
+        for r in [r for r in self.prefilling + self.decoding if r.cancelled]:
+            self.finish(r, None, "abort")
+
+    def admit(self) -> None:
+        """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free."""
+        while self.waiting:
+            r = self.waiting[0]
+            need = self.pages_for(r.total_len)
+            if self.slots.num_free == 0 or self.pages.num_free < need:
+                return
+            self.waiting.popleft()
+            r.slot = self.slots.allocate(1)[0]
+            r.pages = self.pages.allocate(need)
+            self.prefilling.append(r)
+
+    def finish(self, r: Request, token: int | None, reason: str, error: Exception | None = None) -> None:
+        """End ``r`` and free its slot and pages; ``token`` None: send a final event without a token."""
+        if r.finished:
+            return
+        r.finished = True
+        for group in (self.prefilling, self.decoding):
+            if r in group:
+                group.remove(r)
+        if r.slot:
+            self.slots.free([r.slot])
+        self.pages.free(r.pages)
+        r.slot, r.pages = 0, []
+        self.counters["requests_finished"] += 1
+        if error is not None:
+            log.error("request %s failed: %s", r.request_id, error)
+        if token is None:
+            r.events.put(TokenEvent(None, None, None, reason, time.monotonic()))
+
+    def fail_running(self, error: Exception) -> None:
+        """End every admitted request with "error" (a step failed)."""
+        for r in self.prefilling + self.decoding:
+            self.finish(r, None, "error", error=error)
+
+    def emit(self, r: Request, token: int, logprob: float, tops) -> None:
+        """Record a sampled token and decide whether the request is done; ``tops``: (ids, logprobs) rows."""
+        r.output_ids.append(token)
+        self.counters["generation_tokens"] += 1
+        p = r.params
+        reason = None
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+        elif len(r.output_ids) >= p.max_tokens:
+            reason = "length"
+        top = None
+        if p.logprobs:
+            top = [(int(i), float(v)) for i, v in zip(tops[0][: p.logprobs], tops[1][: p.logprobs], strict=True)]
+        r.events.put(TokenEvent(token, float(logprob), top, reason, time.monotonic()))
+        if reason is not None:
+            self.finish(r, token, reason)
+
+    def deliver(self, requests: list[Request], sampled: Sampled, rows: list[int] | None = None) -> None:
+        """Emit each request's token from its row of ``sampled`` (host arrays; rows 0.. unless ``rows``;
+        top logprobs read only when some request wants them); a finished request's row is discarded (a call
+        ran past its end)."""
+        want_top = any(r.params.logprobs for r in requests)
+        for i, r in zip(range(len(requests)) if rows is None else rows, requests, strict=True):
+            if r.finished:
+                continue
+            tops = (sampled.top_ids[i], sampled.top_logprobs[i]) if want_top else None
+            self.emit(r, int(sampled.tokens[i]), sampled.logprob[i], tops)
+
+    # -- prefill -------------------------------------------------------------------------------------
+    def prefill_chunks(self) -> list[tuple[Request, int]]:
+        """The next prefill step's (request, tokens) chunks: the prompts in admission order, at most
+        ``max_prefill_seqs`` of them, under the ``prefill_chunk`` token budget."""
+        budget = self.config.prefill_chunk
+        chunks: list[tuple[Request, int]] = []
+        for r in self.prefilling[: self.config.max_prefill_seqs]:
+            n = min(len(r.prompt_ids) - r.num_prefilled, budget)
+            if n <= 0:
+                break
+            chunks.append((r, n))
+            budget -= n
+        return chunks
+
+    def prefill_buckets(self, chunks: list[tuple[Request, int]]) -> list[int]:
+        """The token buckets that hold ``chunks``, smallest first (the runner takes the first one built)."""
+        buckets = self.config.prefill_buckets
+        return list(buckets[bisect.bisect_left(buckets, sum(n for _, n in chunks)):])
+
+    def prefilled(self, chunks: list[tuple[Request, int]]) -> tuple[list[Request], list[int]]:
+        """Record a prefill step over ``chunks``; returns the requests whose prompts it finished (they decode
+        from now on) and each one's row of the step's samples."""
+        done, rows = [], []
+        for s, (r, n) in enumerate(chunks):
+            r.num_prefilled += n
+            self.counters["prompt_tokens"] += n
+            if r.num_prefilled == len(r.prompt_ids):
+                self.prefilling.remove(r)
+                self.decoding.append(r)
+                done.append(r)
+                rows.append(s)
+        return done, rows
+
+    # -- decode --------------------------------------------------------------------------------------
+    def decode_greedy(self) -> bool:
+        """Whether every decoding request samples greedily without logprobs (the greedy-only programs)."""
+        return all(r.params.temperature == 0 and not r.params.logprobs for r in self.decoding)
+
+    def chained(self, previous: list[Request], previous_steps: int,
+                greedy: bool) -> tuple[list[Request], Variant] | None:
+        """The next call chained after the one in flight over ``previous`` (``previous_steps`` steps): the
+        requests and variant, or None when it cannot chain: the decoding requests changed, or one of them
+        reaches max_tokens in the call in flight (chaining would queue a call of discarded rows ahead of
+        whatever comes next: a new request's prefill would wait for it)."""
+        requests = list(self.decoding)
+        if not (len(previous) == len(requests) > 0 and all(a is b for a, b in zip(previous, requests, strict=True))):
+            return None
+        if not all(len(r.output_ids) + previous_steps < r.params.max_tokens for r in requests):
+            return None
+        left = max(r.params.max_tokens - len(r.output_ids) - previous_steps for r in requests)
+        return requests, (greedy, self.steps_per_call(greedy, left))
+
+    def unchained(self, greedy: bool, unread: Sequence[Request] = ()) -> tuple[list[Request], Variant] | None:
+        """The next call built on the host: the decoding requests that still want tokens (those in ``unread``
+        have one sampled that the host has not read yet) and the variant; None when none wants more."""
+        unread_ids = {id(r) for r in unread}
+        left = {id(r): r.params.max_tokens - len(r.output_ids) - (id(r) in unread_ids) for r in self.decoding}
+        requests = [r for r in self.decoding if not r.finished and left[id(r)] > 0]
+        if not requests:
+            return None
+        return requests, (greedy, self.steps_per_call(greedy, max(left[id(r)] for r in requests)))
+
+    def steps_per_call(self, greedy: bool, most_left: int) -> int:
+        """Decode steps for the next call over requests of which the one with the most left still wants
+        ``most_left`` tokens beyond those in flight.
+
+        Several only for a greedy batch with no prompt waiting for its prefill (it would wait that much
+        longer), and only while some request still wants that many tokens: a request's last few tokens
+        take a step each rather than a call whose steps past every end are computed, waited for and
+        discarded."""
+        if not greedy or self.decode_steps == 1 or self.waiting or self.prefilling or self.inbox.qsize():
+            return 1
+        return self.decode_steps if most_left >= self.decode_steps else 1
+
+    def decode_choices(self, variant: Variant, n: int, size: int | None = None) -> list[tuple[Variant, int]]:
+        """(variant, bucket) for a decode call over ``n`` rows, best first (the runner takes the first one
+        built): the smallest bucket (only ``size`` if given), with ``variant`` or a plainer one that gives the
+        same tokens (one step per call; the general sampler)."""
+        greedy, _ = variant
+        variants = list(dict.fromkeys([variant, (greedy, 1), (False, 1)]))
+        buckets = [size] if size is not None else [b for b in self.config.decode_buckets if b >= n]
+        return [(v, bucket) for bucket in buckets for v in variants]
+
+    def stats(self) -> dict:
+        return {"running": len(self.prefilling) + len(self.decoding), "waiting": len(self.waiting),
+                "pages_used": self.pages.num_used, "pages_total": self.pages.capacity,
+                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity}
