@@ -6,12 +6,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hybrid_jax.caches.base import Cache
+from hybrid_jax.caches.dense import DenseCache
 from hybrid_jax.config import FULL_ATTENTION, Qwen35Config
 from hybrid_jax.layers.attention import GatedAttention
 from hybrid_jax.layers.gdn import GatedDeltaNet
 from hybrid_jax.layers.linear import Linear
 from hybrid_jax.layers.mlp import MLP
 from hybrid_jax.layers.norm import RMSNorm
+from pallas_kernels.gemv import NormedRows
 
 F32 = jnp.float32
 
@@ -41,16 +44,20 @@ class DecoderLayer(nnx.Module):
     def mixer(self) -> GatedAttention | GatedDeltaNet:
         return self.self_attn if self.is_attention else self.linear_attn
 
-    def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None):
-        """x [B, T, D] fp32 residual stream -> (new residual, new cache)."""
+    def __call__(self, x: jax.Array, normed: NormedRows | None, positions: jax.Array, cache: Cache, index: int,
+                 norms_after: tuple[RMSNorm | None, RMSNorm | None]):
+        """x [..., D] fp32 residual stream (``normed``: this layer's input norm of it, where the last add wrote
+        it) -> (the new stream, the next norm where this layer's last add wrote it). ``norms_after``: the norms
+        that follow the mixer's and the MLP's adds (the next layer's input norm; None after the last layer)."""
         dtype = self.mlp.down_proj.kernel.dtype
-        h = self.input_layernorm(x, dtype)
-        if self.is_attention:
-            h, cache = self.self_attn(h, positions, cache)
-        else:
-            h, cache = self.linear_attn(h, cache)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x, dtype)), cache
+        proj = cache.proj
+        h = self.input_layernorm(x, dtype) if normed is None else normed
+        y = self.self_attn(h, positions, cache, index) if self.is_attention else self.linear_attn(h, cache, index)
+        x, normed = proj.add_projection(x, cache.pad(y), self.mixer.output_projection, next_norm=norms_after[0],
+                                        real_rows=cache.real_rows)
+        h = self.post_attention_layernorm(x, dtype) if normed is None else normed
+        return proj.add_projection(x, proj.swiglu(h, self.mlp.gate_proj, self.mlp.up_proj), self.mlp.down_proj,
+                                   next_norm=norms_after[1], real_rows=cache.real_rows)
 
 
 class Qwen35ForCausalLM(nnx.Module):
@@ -75,18 +82,25 @@ class Qwen35ForCausalLM(nnx.Module):
         return self.forward(input_ids, positions)[0]
 
     def forward(self, input_ids: jax.Array, positions: jax.Array, cache: list | None = None):
-        """input_ids, positions [B, T] -> (logits [B, T, V] fp32, new cache or None)."""
+        """input_ids, positions [B, T] -> (logits [B, T, V] fp32, new dense cache or None)."""
         return self.logits(*self.hidden_states(input_ids, positions, cache))
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array, cache: list | None = None):
-        """Final-normed hidden states [B, T, D] and the new cache (None without one)."""
-        x = self.embed_tokens(input_ids).astype(F32)  # the residual stream is kept in fp32
-        new_cache = [] if cache is not None else None
+        """Final-normed hidden states [B, T, D] and the new dense cache (None without one)."""
+        dense = DenseCache(cache)
+        x = self.decoder(self.embed_tokens(input_ids).astype(F32), positions, dense)
+        return self.norm(x, self.dtype), dense.updated
+
+    def decoder(self, x: jax.Array, positions: jax.Array, cache: Cache) -> jax.Array:
+        """The layer loop: x [..., D] fp32 embeddings (the residual stream is kept in fp32), positions [...]
+        -> the final residual stream (before the final norm), over ``cache`` (`caches.base.Cache`)."""
+        x, positions = cache.pad(x), cache.pad(positions)
+        norms = [n for layer in self.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        after = [*norms[1:], None]
+        normed = None
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache[i])
-            if cache is not None:
-                new_cache.append(layer_cache)
-        return self.norm(x, self.dtype), new_cache
+            x, normed = layer(x, normed, positions, cache, i, (after[2 * i], after[2 * i + 1]))
+        return cache.unpad(x)
 
     def logits(self, h: jax.Array, cache=None):
         """h [..., D] -> (logits [..., V] fp32, cache)."""

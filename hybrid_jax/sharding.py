@@ -1,8 +1,9 @@
 """Tensor parallelism over ``jax.sharding``: logical axis names, and the one table mapping them to the mesh.
 
-Parameters and cache pools are placed with NamedShardings derived from logical axis names; XLA's SPMD
-partitioner inserts the collectives. Kernels (custom calls XLA cannot partition) run per shard inside
-``shard_map`` in the engine's steps, the projections' row-parallel sums with an explicit psum. Attention
+Parameters are placed with NamedShardings derived from logical axis names (the cache pools by
+`caches.pools`); XLA's SPMD partitioner inserts the collectives. Kernels (custom calls XLA cannot partition)
+run per shard inside ``shard_map`` in the engine's caches (`caches.paged`), the projections' row-parallel sums
+with an explicit psum (`layers.projections.ShardedProjections`, split by `linear_splits`). Attention
 heads, GDN value heads (with their key-head groups), the MLP intermediate and the vocabulary are split over
 the ``tp`` mesh axis. When there are fewer KV heads than shards, each shard keeps its own copy of the KV
 head its query heads read (as vLLM does).
@@ -18,6 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.config import Qwen35Config
+from hybrid_jax.layers.linear import Linear
 
 TP = "tp"
 
@@ -113,35 +115,22 @@ def param_spec(path: str, ndim: int, config: Qwen35Config, tp: int) -> Partition
 
 
 def shard_model(model: nnx.Module, mesh: Mesh) -> None:
-    """Place every parameter of ``model`` on ``mesh`` by the table above, in place, and tell each linear layer
-    which dimension of its kernel is split (`Linear.tp_split`: its per-shard projection in the engine)."""
+    """Place every parameter of ``model`` on ``mesh`` by the table above, in place."""
     tp = mesh.shape[TP]
     check_divisible(model.config, tp)
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         name = ".".join(str(p) for p in path)
-        spec = param_spec(name, var.ndim, model.config, tp)
-        var.set_value(jax.device_put(var.get_value(), NamedSharding(mesh, spec)))
-        owner = _module_at(model, path[:-1])
-        if path[-1] == "kernel" and hasattr(owner, "tp_split"):  # a Linear: kernel [in, out]
-            split_in, split_out = tuple(spec) + (None,) * (2 - len(spec))
-            owner.tp_split = "in" if split_in == TP else "out" if split_out == TP else None
+        sharding = NamedSharding(mesh, param_spec(name, var.ndim, model.config, tp))
+        var.set_value(jax.device_put(var.get_value(), sharding))
 
 
-def _module_at(model: nnx.Module, path: tuple) -> nnx.Module:
-    module = model
-    for key in path:
-        module = module[key] if isinstance(key, int) else getattr(module, key)
-    return module
-
-
-def pool_specs(config: Qwen35Config) -> dict:
-    """PartitionSpecs of the engine's cache pools (see engine.cache.allocate_pools)."""
-    layers = []
-    for t in config.layer_types:
-        if t == "full_attention":
-            kv = PartitionSpec(None, None, TP, None)  # [pages, page_size, kv heads, hd]
-            layers.append({"k": kv, "v": kv})
-        else:
-            layers.append({"conv": PartitionSpec(None, None, TP),  # [slots, K, C]
-                           "state": PartitionSpec(None, TP, None, None)})  # [slots, Hv, dk, dv]
-    return {"layers": layers, "output_counts": PartitionSpec(), "prompt_mask": PartitionSpec()}
+def linear_splits(model: nnx.Module, tp: int) -> dict[int, str | None]:
+    """How the table splits each linear layer's kernel [in, out], by the layer's id: "out" (column-parallel),
+    "in" (row-parallel: partial sums added over the shards) or None (whole on every shard)."""
+    splits = {}
+    for path, module in nnx.iter_graph(model):
+        if isinstance(module, Linear):
+            name = ".".join(str(p) for p in (*path, "kernel"))
+            split_in, split_out = (*param_spec(name, 2, model.config, tp), None, None)[:2]
+            splits[id(module)] = "in" if split_in == TP else "out" if split_out == TP else None
+    return splits

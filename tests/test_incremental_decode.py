@@ -27,7 +27,7 @@ def test_prefill_extend_decode_matches_full_forward(tied):
 
 
 def test_gdn_output_rounds_delta_rule_output_to_model_dtype():
-    """HF rounds the delta rule's output to the model dtype before the gated norm; so does GatedDeltaNet.output
+    """HF rounds the delta rule's output to the model dtype before the gated norm; so does GatedDeltaNet.gated
     (its prefill kernel writes bf16, its decode kernels fp32: both must normalise the same values)."""
     config = hybrid_jax.preset("tiny").replace(vocab_size=256, num_hidden_layers=1)
     gdn = hybrid_jax.random_model(config, "bfloat16", seed=3).layers[0].linear_attn
@@ -35,5 +35,5 @@ def test_gdn_output_rounds_delta_rule_output_to_model_dtype():
     o = jax.random.normal(keys[0], (1, 3, gdn.num_v_heads, gdn.v_dim), jnp.float32)
     z = jax.random.normal(keys[1], o.shape, jnp.float32)
     assert o.astype(jnp.bfloat16).astype(jnp.float32).tolist() != o.tolist()  # rounding changes these values
-    np.testing.assert_array_equal(np.asarray(gdn.output(o, z), np.float32),
-                                  np.asarray(gdn.output(o.astype(jnp.bfloat16), z), np.float32))
+    np.testing.assert_array_equal(np.asarray(gdn.gated(o, z), np.float32),
+                                  np.asarray(gdn.gated(o.astype(jnp.bfloat16), z), np.float32))

@@ -8,10 +8,11 @@ from flax import nnx
 
 import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
+from hybrid_jax.caches.dense import DenseCache
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.layers.linear import few_row_kernel
-from hybrid_jax.sharding import make_mesh, shard_model
+from hybrid_jax.layers.projections import ShardedProjections
+from hybrid_jax.sharding import linear_splits, make_mesh, shard_model
 
 # Heads that split over 8 shards; 2 KV heads, so tp=4 and tp=8 store one expanded KV head per shard.
 CONFIG = hybrid_jax.preset("tiny").replace(
@@ -66,10 +67,10 @@ def test_engine_greedy_equal_across_tp():
 
 def test_padded_rows_under_a_mesh(monkeypatch):
     """On a GPU the steps pad their rows to the few-row kernel's 16, also per shard under a mesh."""
-    import hybrid_jax.engine.steps as steps
+    import hybrid_jax.caches.paged as paged
 
     expected = greedy(1)
-    monkeypatch.setattr(steps, "padded_rows", lambda n: max(n, 16))
+    monkeypatch.setattr(paged, "padded_rows", lambda n: max(n, 16))
     assert greedy(2) == expected
 
 
@@ -101,14 +102,13 @@ def test_nothing_compiles_while_serving_sharded(compile_log):
         engine.shutdown()
 
 
-def test_linear_layers_know_their_split():
-    model = perturbed_model()
-    shard_model(model, make_mesh(4))  # 2 KV heads < 4 shards: k/v projections stay whole
-    model = nnx.merge(*nnx.split(model))  # as the engine's steps rebuild it: the splits are static graph data
+def test_the_sharding_table_splits_each_linear_layer():
+    model = perturbed_model()  # 2 KV heads < 4 shards: k/v projections stay whole
     attn, gdn, mlp = model.layers[3].self_attn, model.layers[0].linear_attn, model.layers[0].mlp
-    assert (attn.q_proj.tp_split, attn.k_proj.tp_split, attn.o_proj.tp_split) == ("out", None, "in")
-    assert (gdn.in_proj_qkv.tp_split, gdn.in_proj_b.tp_split, gdn.out_proj.tp_split) == ("out", "out", "in")
-    assert (mlp.gate_proj.tp_split, mlp.down_proj.tp_split) == ("out", "in")
+    split = linear_splits(model, 4)
+    assert (split[id(attn.q_proj)], split[id(attn.k_proj)], split[id(attn.o_proj)]) == ("out", None, "in")
+    assert (split[id(gdn.in_proj_qkv)], split[id(gdn.in_proj_b)], split[id(gdn.out_proj)]) == ("out", "out", "in")
+    assert (split[id(mlp.gate_proj)], split[id(mlp.down_proj)]) == ("out", "in")
 
 
 def test_per_shard_projection_kernel_matches_xla(monkeypatch):
@@ -126,8 +126,14 @@ def test_per_shard_projection_kernel_matches_xla(monkeypatch):
     mesh = make_mesh(2)
     shard_model(model, mesh)
     monkeypatch.setattr(gemv_dispatch, "kernel_mode", interpret_where_supported)
-    with few_row_kernel(True, mesh):
-        got = np.asarray(nnx.jit(lambda m, x: m(x))(model, IDS[:, :4]), np.float32)
+
+    def forward(m, ids):
+        cache = DenseCache(None, ShardedProjections(mesh, linear_splits(m, 2)))
+        positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+        x = m.decoder(m.embed_tokens(ids).astype(jnp.float32), positions, cache)
+        return m.logits(m.norm(x, m.dtype))[0]
+
+    got = np.asarray(nnx.jit(forward)(model, IDS[:, :4]), np.float32)
     # Every projection set: its narrow members (GDN's b and a, 8 columns a shard here, as at 0.8B/2B/27B and
     # tp=2) go to XLA's dot beside the kernel's launch for the rest.
     assert len(used) == 16 and all(used)

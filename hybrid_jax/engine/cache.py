@@ -1,11 +1,5 @@
-"""Cache pools of the hybrid model and their allocators.
-
-Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, hd]``. GDN layers: a
-state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of the last raw columns,
-position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
-padded rows of a fixed-shape batch read and write there. The slot pool also holds each request's token
-statistics for the sampling penalties.
-"""
+"""The cache pools' sizing and allocators (their shapes and splits: `caches.pools`): how many KV pages and
+state slots fit, the free lists of page and slot ids (0 is the null page / slot), page-table rows."""
 
 from __future__ import annotations
 
@@ -40,29 +34,6 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
     """Device bytes of one KV page over all attention layers."""
     c = config
     return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
-
-
-def pool_shapes(config: Qwen35Config, layout: CacheLayout, dtype, vocab: int, kv_heads: int | None = None) -> dict:
-    """Shapes of the pools: {"layers": per-layer dicts, "output_counts": [slots, V] i32, "prompt_mask": [slots, V]}.
-
-    ``kv_heads``: KV heads the pool stores (more than the model's when tensor parallelism expands them).
-    """
-    c = config
-    shape = jax.ShapeDtypeStruct
-    layers = []
-    for t in c.layer_types:
-        if t == "full_attention":
-            kv = shape((layout.num_pages, layout.page_size, kv_heads or c.num_key_value_heads, c.head_dim), dtype)
-            layers.append({"k": kv, "v": kv})
-        else:
-            layers.append({
-                "conv": shape((layout.num_slots, c.linear_conv_kernel_dim, c.conv_dim), dtype),
-                "state": shape((layout.num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
-                                c.linear_value_head_dim), F32),
-            })
-    return {"layers": layers,
-            "output_counts": shape((layout.num_slots, vocab), jnp.int32),
-            "prompt_mask": shape((layout.num_slots, vocab), jnp.bool_)}
 
 
 def allocate_pools(shapes: dict, shardings: dict | None = None) -> dict:

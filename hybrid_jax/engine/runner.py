@@ -23,16 +23,17 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout, pool_shapes
+from hybrid_jax.caches.paged import PagedKernels
+from hybrid_jax.caches.pools import is_pool_spec, pool_specs
+from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.requests import Request
 from hybrid_jax.engine.sampler import Sampled, SamplingRows
 from hybrid_jax.engine.scheduler import Variant
-from hybrid_jax.engine.steps import DecodeBatch, Kernels, PrefillBatch, decode_step, multi_decode_step, prefill_step
-from hybrid_jax.layers.linear import few_row_kernel
+from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch, decode_step, multi_decode_step, prefill_step
 from hybrid_jax.model import Qwen35ForCausalLM
-from hybrid_jax.sharding import make_mesh, pool_specs, shard_model, stored_kv_heads
+from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
 
@@ -116,7 +117,7 @@ class Runner:
         self._load_seconds = 0.0  # spent loading them from the store
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
 
-    # -- the steps: every use of `steps`, `few_row_kernel`, the model's sharding and the pools' layout ------
+    # -- the steps: every use of `steps`, the model's sharding and the pools' layout ----------------------
     def _place_model(self, model: Qwen35ForCausalLM) -> Mesh | None:
         """The mesh of ``tensor_parallel_size`` devices (None for one) with ``model`` sharded over it."""
         tp = self.config.tensor_parallel_size
@@ -129,19 +130,20 @@ class Runner:
 
     def _pool_layout(self) -> tuple[dict, dict | None, NamedSharding | None]:
         """The pools' shapes, their shardings and the batches' (None without a mesh)."""
-        config = self.model.config
-        shapes = pool_shapes(config, self.layout, self.model.dtype, config.vocab_size,
-                             stored_kv_heads(config, self.config.tensor_parallel_size))
+        config, layout = self.model.config, self.layout
+        specs = pool_specs(config, num_pages=layout.num_pages, page_size=layout.page_size,
+                           num_slots=layout.num_slots, dtype=self.model.dtype, vocab=config.vocab_size,
+                           kv_heads=stored_kv_heads(config, self.config.tensor_parallel_size))
+        shapes = jax.tree.map(lambda p: p.struct(), specs, is_leaf=is_pool_spec)
         if self.mesh is None:
             return shapes, None, None
-        pools = jax.tree.map(lambda p: NamedSharding(self.mesh, p), pool_specs(config),
-                             is_leaf=lambda x: isinstance(x, PartitionSpec))
+        pools = jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
         return shapes, pools, NamedSharding(self.mesh, PartitionSpec())
 
     def _jit_steps(self) -> tuple:
         """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
         steps per call only for greedy batches."""
-        step_kw = dict(kernels=Kernels(self.model, self.mesh), page_size=self.layout.page_size,
+        step_kw = dict(kernels=PagedKernels(self.model.config, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
         jit_kw = dict(donate_argnums=1)
         # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
@@ -180,8 +182,7 @@ class Runner:
 
     def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
-        with few_row_kernel(True, self.mesh):
-            return step(model, pools, batch, **kw)
+        return step(model, pools, batch, **kw)
 
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:

@@ -7,9 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import Qwen35Config
-from hybrid_jax.layers.linear import Linear, project
+from hybrid_jax.layers.linear import Linear
 from hybrid_jax.layers.norm import RMSNorm
-from hybrid_jax.ops.attention import dense_causal_attention
 from pallas_kernels.gemv import NormedRows
 from pallas_kernels.math.attention import attention_gate
 from pallas_kernels.math.rope import apply_rope, rope_cos_sin
@@ -29,44 +28,33 @@ class GatedAttention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 
-    def projections(self, x: jax.Array | NormedRows) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """x [..., D] -> qg [..., Hq * 2 hd] (per head: query, then gate), k, v [..., Hkv * hd]: one launch."""
-        return project(x, (self.q_proj, self.k_proj, self.v_proj))
+    @property
+    def output_projection(self) -> Linear:
+        return self.o_proj
 
-    def project(self, x: jax.Array, positions: jax.Array):
-        """x [..., T, D], positions [..., T] -> q [..., T, Hq, hd], k, v [..., T, Hkv, hd], gate [..., T, Hq, hd]."""
-        lead = x.shape[:-1]
-        qg, k, v = self.projections(x)
+    def __call__(self, x: jax.Array | NormedRows, positions: jax.Array, cache, index: int) -> jax.Array:
+        """x [..., D] normed, positions [...] -> the output projection's input [..., Hq hd], over layer
+        ``index`` of ``cache`` (a `caches.base.Cache`: it writes the new K/V and attends)."""
+        qg, k, v = cache.proj.project(x, (self.q_proj, self.k_proj, self.v_proj))
+        return cache.attention(index, self, qg, k, v, positions)
+
+    def heads(self, qg: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array):
+        """The projections qg [..., Hq * 2 hd] (per head: query, then gate), k, v [..., Hkv * hd] and positions
+        [...] -> q [..., Hq, hd], k, v [..., Hkv, hd] (q/k normed, RoPE applied), gate [..., Hq, hd]."""
+        lead = qg.shape[:-1]
         qg = qg.reshape(*lead, self.num_heads, 2 * self.head_dim)
         q, gate = qg[..., : self.head_dim], qg[..., self.head_dim:]
         k = k.reshape(*lead, self.num_kv_heads, self.head_dim)
         v = v.reshape(*lead, self.num_kv_heads, self.head_dim)
-        cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta, qg.dtype)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
         return q, k, v, gate
 
     def gated(self, o: jax.Array, gate: jax.Array) -> jax.Array:
-        """o, gate [..., T, Hq, hd] -> the output projection's input [..., T, Hq hd]."""
+        """o, gate [..., Hq, hd] -> the output projection's input [..., Hq hd]."""
         o = attention_gate(o, gate)
         return o.reshape(*o.shape[:-2], self.num_heads * self.head_dim)
-
-    def output(self, o: jax.Array, gate: jax.Array) -> jax.Array:
-        """o, gate [..., T, Hq, hd] -> [..., T, D]."""
-        return self.o_proj(self.gated(o, gate))
-
-    def __call__(self, x: jax.Array, positions: jax.Array, cache: dict | None = None):
-        """x [B, T, D], positions [B, T]. ``cache`` {"k", "v": [B, S, Hkv, hd]} is written at ``positions``.
-
-        Returns (y [B, T, D], new cache or None).
-        """
-        q, k, v, gate = self.project(x, positions)
-        if cache is not None:
-            write = jax.vmap(lambda buf, pos, new: buf.at[pos].set(new.astype(buf.dtype)))
-            cache = {"k": write(cache["k"], positions, k), "v": write(cache["v"], positions, v)}
-            k, v = cache["k"], cache["v"]
-        o = dense_causal_attention(q, k.astype(q.dtype), v.astype(q.dtype), positions, self.scale)
-        return self.output(o, gate), cache
 
     def init_cache(self, batch: int, max_len: int, dtype) -> dict:
         shape = (batch, max_len, self.num_kv_heads, self.head_dim)

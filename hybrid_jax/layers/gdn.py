@@ -12,11 +12,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hybrid_jax.config import Qwen35Config
-from hybrid_jax.layers.linear import Linear, project
+from hybrid_jax.layers.linear import Linear
 from hybrid_jax.layers.norm import GatedRMSNorm
 from pallas_kernels.gemv import NormedRows
-from pallas_kernels.math import gated_delta
-from pallas_kernels.math.gdn import causal_conv, l2_normalize
+from pallas_kernels.math.gdn import l2_normalize
 
 F32 = jnp.float32
 
@@ -46,9 +45,19 @@ class GatedDeltaNet(nnx.Module):
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps)
         self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
 
-    def in_projections(self, x: jax.Array | NormedRows):
+    @property
+    def output_projection(self) -> Linear:
+        return self.out_proj
+
+    def __call__(self, x: jax.Array | NormedRows, cache, index: int) -> jax.Array:
+        """x [..., D] normed -> the output projection's input [..., Hv dv], over layer ``index`` of ``cache`` (a
+        `caches.base.Cache`: it runs the conv and the delta rule over its conv and recurrent state)."""
+        mixed, z, b, a = self.in_projections(x, cache.proj)
+        return self.gated(cache.linear_attention(index, self, mixed, b, a), z)
+
+    def in_projections(self, x: jax.Array | NormedRows, proj):
         """x [..., D] -> raw conv input mixed [..., C], z [..., Hv, dv], b, a [..., Hv] logits, all fp32."""
-        mixed, z, b, a = project(x, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a), F32)
+        mixed, z, b, a = proj.project(x, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a), F32)
         return mixed, z.reshape(*z.shape[:-1], self.num_v_heads, self.v_dim), b, a
 
     def heads(self, conv_out: jax.Array):
@@ -65,45 +74,13 @@ class GatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...].astype(F32)) * jax.nn.softplus(a + self.dt_bias[...].astype(F32))
         return g, jax.nn.sigmoid(b)
 
-    def project(self, x: jax.Array, conv_state: jax.Array):
-        """Everything before the delta rule, for whole sequences.
-
-        x [B, T, D]; conv_state [B, K-1, C] (raw columns before the conv). Returns q, k [B, T, Hk, dk],
-        v [B, T, Hv, dv], g, beta [B, T, Hv] (fp32), z [B, T, Hv, dv] and the new conv state [B, K-1, C].
-        """
-        mixed, z, b, a = self.in_projections(x)
-        window = jnp.concatenate([conv_state.astype(mixed.dtype), mixed], axis=-2)
-        new_conv_state = window[..., window.shape[-2] - (self.kernel - 1):, :].astype(conv_state.dtype)
-        q, k, v = self.heads(causal_conv(window, self.conv1d.weight[...]))
-        g, beta = self.gates(b, a)
-        return q, k, v, g, beta, z, new_conv_state
-
     def gated(self, o: jax.Array, z: jax.Array) -> jax.Array:
-        """o [..., T, Hv, dv] (delta-rule output), z [..., T, Hv, dv] -> the output projection's input [..., T, Hv dv].
+        """o [..., Hv, dv] (delta-rule output), z [..., Hv, dv] -> the output projection's input [..., Hv dv].
 
         o is rounded to the model's dtype first (the weights'; z comes in fp32), as HF rounds it and the prefill
-        kernel writes it, so the model's forward, prefill and decode normalise the same values."""
+        kernel writes it, so every cache's path normalises the same values."""
         y = self.norm(o.astype(self.out_proj.kernel[...].dtype), z)
         return y.reshape(*y.shape[:-2], self.value_dim)
-
-    def output(self, o: jax.Array, z: jax.Array) -> jax.Array:
-        """o, z [..., T, Hv, dv] -> [..., T, D]: `gated`, then the output projection."""
-        return self.out_proj(self.gated(o, z))
-
-    def __call__(self, x: jax.Array, cache: dict | None = None):
-        """x [B, T, D]; cache {"conv": [B, K-1, C], "state": [B, Hv, dk, dv] fp32} or None (zeros).
-
-        Returns (y [B, T, D], new cache or None).
-        """
-        state = self.init_cache(x.shape[0], x.dtype) if cache is None else cache
-        q, k, v, g, beta, z, conv = self.project(x, state["conv"])
-        if x.shape[1] == 1 and cache is not None:
-            o, s = gated_delta.gated_delta_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], state["state"])
-            o = o[:, None]
-        else:
-            o, s = gated_delta.gated_delta_chunked(q, k, v, g, beta, state["state"])
-        y = self.output(o, z)
-        return y, (None if cache is None else {"conv": conv, "state": s})
 
     def init_cache(self, batch: int, dtype) -> dict:
         return {"conv": jnp.zeros((batch, self.kernel - 1, self.conv_dim), dtype),

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
-from hybrid_jax.layers.linear import Linear, swiglu
-from pallas_kernels.gemv import NormedRows
+from hybrid_jax.layers.linear import Linear
 
 
 class MLP(nnx.Module):
@@ -14,9 +12,3 @@ class MLP(nnx.Module):
         self.gate_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
         self.up_proj = Linear(hidden, intermediate, dtype, rngs=rngs)
         self.down_proj = Linear(intermediate, hidden, dtype, rngs=rngs)
-
-    def hidden(self, x: jax.Array | NormedRows) -> jax.Array:  # [..., D] -> the down projection's input [..., I]
-        return swiglu(x, self.gate_proj, self.up_proj)
-
-    def __call__(self, x: jax.Array) -> jax.Array:  # [..., D] -> [..., D]
-        return self.down_proj(self.hidden(x))

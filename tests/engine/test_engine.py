@@ -78,9 +78,9 @@ def test_padded_residual_stream_matches_plain_model(model, prompts, reference, m
     """On a GPU the steps pad their rows to the few-row kernel's 16 (zero rows that attention and the
     recurrences never see; the GDN decode's o comes back padded to them); the same padding here must leave
     every token as it was."""
-    import hybrid_jax.engine.steps as steps
+    import hybrid_jax.caches.paged as paged
 
-    monkeypatch.setattr(steps, "padded_rows", lambda n: max(n, 16))
+    monkeypatch.setattr(paged, "padded_rows", lambda n: max(n, 16))
     engine = make_engine(model, decode_steps=2)
     try:
         assert [tokens(engine.submit(p, GREEDY)) for p in prompts[:4]] == reference[:4]

@@ -18,6 +18,7 @@ from flax import nnx
 
 from hybrid_jax.config import preset
 from hybrid_jax.layers.gdn import GatedDeltaNet
+from hybrid_jax.layers.projections import XlaProjections
 from pallas_kernels import gdn_decode as gd
 from pallas_kernels.gdn_decode import reference
 from pallas_kernels.math.gated_delta import gated_delta_scan, gated_delta_step
@@ -138,7 +139,7 @@ def test_fused_reference_matches_layer(dtype):
     x = jnp.asarray(step.normal(5, 1, config.hidden_size), dtype)  # [B, 1, D]
     *_, conv_pool, state_pool = step.fused_args()
     slots = jnp.asarray(step.slots)
-    mixed, _, b, a = layer.in_projections(x[:, 0])  # fp32, as the engine hands them over
+    mixed, _, b, a = layer.in_projections(x[:, 0], XlaProjections())  # fp32, as the engine hands them over
     # ring column of position t: t mod K; the window is the K-1 positions before the token's, then its own
     before = (step.positions[:, None] + np.arange(1 - CONV_KERNEL, 0)) % CONV_KERNEL  # [B, K-1]
     cached = np.asarray(conv_pool)[step.slots[:, None], before]  # [B, K-1, C]

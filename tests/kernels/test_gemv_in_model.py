@@ -1,7 +1,7 @@
 """The model's projections through the few-row kernels (compiled on a GPU, interpret mode on CPU) give the XLA
 path's logits.
 
-`few_row_kernel()` is what the engine's steps trace under; here the dispatch is made to pick the kernel
+`FewRowProjections` are what the engine's steps project with; here the dispatch is made to pick the kernel
 wherever it would on a GPU (the MLP's gate/up through the fused SwiGLU kernel). bf16 weights:
 the two paths round the same fp32 sums to bf16 in a different summation order (bound: 1% of the largest
 logit). The engine's decode step with `gemv_add` and the norms it defers, against the weights in fp32.
@@ -20,10 +20,23 @@ import hybrid_jax
 import pallas_kernels.gemv as gemv_dispatch
 import pallas_kernels.gemv.kernel as gemv_kernel
 import pallas_kernels.gemv.tiles as gemv_tiles
+from hybrid_jax.caches.dense import DenseCache
 from hybrid_jax.config import preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.layers.linear import few_row_kernel
+from hybrid_jax.layers.projections import FewRowProjections, XlaProjections
+
+
+class KernelProjections(FewRowProjections):
+    """The few-row kernels for the projection sets and the SwiGLU; the residual adds as XLA's."""
+
+    add_projection = XlaProjections.add_projection
+
+
+def forward(model, ids, positions):
+    """The model's logits with its projections through `KernelProjections`."""
+    x = model.decoder(model.embed_tokens(ids).astype(jnp.float32), positions, DenseCache(None, KernelProjections()))
+    return model.logits(model.norm(x, model.dtype))[0]
 
 
 def test_decode_logits_match_xla_dots(monkeypatch):
@@ -41,8 +54,7 @@ def test_decode_logits_match_xla_dots(monkeypatch):
     monkeypatch.setattr(gemv_dispatch, "kernel_mode", kernel_where_supported)
     mlp = (config.hidden_size, config.intermediate_size)  # the fused gate/up + SwiGLU kernel as a GPU tuned for it
     monkeypatch.setitem(gemv_tiles.SWIGLU.on(), mlp, gemv_tiles.SWIGLU.default)
-    with few_row_kernel():
-        got, _ = jax.jit(model.forward)(ids, positions)
+    got = jax.jit(forward)(model, ids, positions)
     assert used and all(ok for _, ok in used)  # every projection set went through a kernel
     assert {op for op, _ in used} == {"gemv", "gemv_swiglu"}
     scale = float(jnp.max(jnp.abs(want)))

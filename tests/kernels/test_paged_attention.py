@@ -15,6 +15,7 @@ from flax import nnx
 
 from hybrid_jax.config import preset
 from hybrid_jax.layers.attention import GatedAttention
+from hybrid_jax.layers.projections import XlaProjections
 from pallas_kernels import paged_attention as pa
 from pallas_kernels.math.rope import rope_cos_sin
 from pallas_kernels.paged_attention import reference
@@ -281,8 +282,8 @@ def test_decode_attention_inputs_reference_matches_layer():
     attn = GatedAttention(config, jnp.float32, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(1), (3, config.hidden_size))
     positions = jnp.asarray([4, 8, 1])
-    q_want, k_want, v_want, _ = attn.project(x, positions)  # [3, H, hd]
-    qg, k, v = attn.projections(x)
+    qg, k, v = XlaProjections().project(x, (attn.q_proj, attn.k_proj, attn.v_proj))
+    q_want, k_want, v_want, _ = attn.heads(qg, k, v, positions)  # [3, H, hd]
     cos, sin = rope_cos_sin(positions, attn.rotary_dim, attn.rope_theta, x.dtype)
     pages = jnp.zeros((4, 4, config.num_key_value_heads, config.head_dim))
     slots = jnp.asarray([5, 6, 13], jnp.int32)

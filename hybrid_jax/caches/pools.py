@@ -1,0 +1,61 @@
+"""The engine's cache pools, described once: each pool's shape, dtype and how tensor parallelism splits it.
+
+Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, hd]``. GDN layers: a
+state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of the last raw columns,
+position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
+padded rows of a fixed-shape batch read and write there. The slots also hold each request's token statistics
+for the sampling penalties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from hybrid_jax.config import FULL_ATTENTION, Qwen35Config
+from hybrid_jax.sharding import TP
+
+KV_PAGES = P(None, None, TP, None)  # [pages, page_size, kv heads, hd]: split by KV head
+CONV_RING = P(None, None, TP)  # [slots, K, C]: split by channel
+STATE = P(None, TP, None, None)  # [slots, Hv, dk, dv]: split by value head
+WHOLE = P()
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    shape: tuple[int, ...]
+    dtype: Any
+    partition: P  # over the mesh's ``tp`` axis
+
+    def struct(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.shape, self.dtype)
+
+
+def pool_specs(config: Qwen35Config, *, num_pages: int, page_size: int, num_slots: int, dtype, vocab: int,
+               kv_heads: int | None = None) -> dict:
+    """{"layers": per-layer {"k", "v"} or {"conv", "state"}, "output_counts": [slots, V] i32, "prompt_mask":
+    [slots, V] bool}, each a `PoolSpec`. ``kv_heads``: the KV heads the pool stores (more than the model's when
+    tensor parallelism gives each shard its own copy)."""
+    c = config
+    layers = []
+    for t in c.layer_types:
+        if t == FULL_ATTENTION:
+            kv = PoolSpec((num_pages, page_size, kv_heads or c.num_key_value_heads, c.head_dim), dtype, KV_PAGES)
+            layers.append({"k": kv, "v": kv})
+        else:
+            layers.append({
+                "conv": PoolSpec((num_slots, c.linear_conv_kernel_dim, c.conv_dim), dtype, CONV_RING),
+                "state": PoolSpec((num_slots, c.linear_num_value_heads, c.linear_key_head_dim,
+                                   c.linear_value_head_dim), jnp.float32, STATE),
+            })
+    return {"layers": layers,
+            "output_counts": PoolSpec((num_slots, vocab), jnp.int32, WHOLE),
+            "prompt_mask": PoolSpec((num_slots, vocab), jnp.bool_, WHOLE)}
+
+
+def is_pool_spec(x) -> bool:
+    return isinstance(x, PoolSpec)
