@@ -40,8 +40,8 @@ def few_row_kernel(enabled: bool = True, mesh: Mesh | None = None) -> Iterator[N
 
 
 class Linear(nnx.Module):
-    def __init__(self, in_features: int, out_features: int, dtype, *, rngs: nnx.Rngs):
-        std = in_features**-0.5
+    def __init__(self, in_features: int, out_features: int, dtype, *, std: float, rngs: nnx.Rngs):
+        """The kernel drawn from normal(0, std), as HF initializes nn.Linear."""
         self.kernel = nnx.Param(jax.random.normal(rngs.params(), (in_features, out_features), dtype) * std)
         # Which dimension of the kernel tensor parallelism splits: "out" (column-parallel), "in" (row-parallel,
         # partial sums added over the shards) or None (whole on every shard); set by `sharding.shard_model`.
