@@ -47,6 +47,7 @@ class Qwen35Config:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 262_144
     eos_token_ids: tuple[int, ...] = (248046, 248044)
+    initializer_range: float = 0.02  # std of the random init of linear, conv and embedding weights (as HF's)
 
     def __post_init__(self):
         if not self.layer_types:
@@ -163,6 +164,7 @@ class Qwen35Config:
                 tie_word_embeddings=bool(tie),
                 max_position_embeddings=int(get("max_position_embeddings", 262_144)),
                 eos_token_ids=_eos_tuple(eos),
+                initializer_range=float(get("initializer_range", 0.02)),
             )
         except ConfigError as e:
             raise ConfigError(str(e).replace("config:", f"{source}:", 1)) from None
@@ -216,6 +218,7 @@ class Qwen35Config:
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "eos_token_id": list(self.eos_token_ids),
+            "initializer_range": self.initializer_range,
         }
 
 
@@ -242,11 +245,13 @@ PRESETS: dict[str, Qwen35Config] = {
                        num_key_value_heads=4, linear_num_value_heads=32, tie_word_embeddings=False, **_COMMON),
     "27b": Qwen35Config(hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
                         num_key_value_heads=4, linear_num_value_heads=48, tie_word_embeddings=False, **_COMMON),
-    # The embedded default: real vocabulary (so the real tokenizer works), tiny everything else.
+    # The embedded default: real vocabulary (so the real tokenizer works), tiny everything else. A wider init
+    # than HF's 0.02: at 64 wide with tied embeddings, the layers would barely move the residual stream off
+    # the token's own embedding, and greedy decoding would repeat the last token.
     "tiny": Qwen35Config(vocab_size=248_320, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                         tie_word_embeddings=True),
+                         tie_word_embeddings=True, initializer_range=0.1),
 }
 
 

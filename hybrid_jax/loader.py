@@ -21,7 +21,11 @@ def load_pretrained(path: str | Path, dtype="bfloat16") -> Qwen35ForCausalLM:
 
 
 def random_model(config: Qwen35Config | str, dtype="bfloat16", seed: int = 0) -> Qwen35ForCausalLM:
-    """A model with random weights at ``config``'s shapes (a preset name or a config); for tests and benchmarks."""
+    """A model with random weights at ``config``'s shapes (a preset name or a config); for tests and benchmarks.
+
+    Initialized as HF's ``_init_weights`` initializes Qwen3.5: linear, conv and embedding weights from
+    normal(0, ``config.initializer_range``), RMSNorm offsets 0 (a gain of 1), the gated norm's weight 1,
+    ``exp(A_log)`` uniform in [0.01, 16] and ``dt_bias`` 1."""
     if isinstance(config, str):
         config = preset(config)
     return Qwen35ForCausalLM(config, jnp.dtype(dtype), rngs=nnx.Rngs(seed))

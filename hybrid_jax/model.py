@@ -20,8 +20,8 @@ F32 = jnp.float32
 
 
 class Embedding(nnx.Module):
-    def __init__(self, vocab: int, dim: int, dtype, *, rngs: nnx.Rngs):
-        self.weight = nnx.Param(jax.random.normal(rngs.params(), (vocab, dim), dtype))
+    def __init__(self, vocab: int, dim: int, dtype, *, std: float, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jax.random.normal(rngs.params(), (vocab, dim), dtype) * std)
 
     def __call__(self, ids: jax.Array) -> jax.Array:  # [...] int -> [..., D]
         return jnp.take(self.weight[...], ids, axis=0)
@@ -38,7 +38,7 @@ class DecoderLayer(nnx.Module):
         else:
             self.linear_attn = GatedDeltaNet(config, dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, rngs=rngs)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size, dtype, std=config.initializer_range, rngs=rngs)
 
     @property
     def mixer(self) -> GatedAttention | GatedDeltaNet:
@@ -70,12 +70,13 @@ class Qwen35ForCausalLM(nnx.Module):
     def __init__(self, config: Qwen35Config, dtype=jnp.bfloat16, *, rngs: nnx.Rngs):
         self.config = config
         self.dtype = jnp.dtype(dtype)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, rngs=rngs)
+        std = config.initializer_range
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, std=std, rngs=rngs)
         self.layers = nnx.List(
             [DecoderLayer(config, t, dtype, rngs=rngs) for t in config.layer_types])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         if not config.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, rngs=rngs)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, dtype, std=std, rngs=rngs)
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:
         positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)

@@ -21,10 +21,11 @@ class GatedAttention(nnx.Module):
         self.rotary_dim, self.rope_theta = c.rotary_dim, c.rope_theta
         self.scale = c.head_dim**-0.5
         # q_proj rows per head: [query (hd) | gate (hd)], so its output is viewed as [.., Hq, 2 hd].
-        self.q_proj = Linear(c.hidden_size, 2 * c.num_attention_heads * c.head_dim, dtype, rngs=rngs)
-        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, rngs=rngs)
-        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, rngs=rngs)
-        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, dtype, rngs=rngs)
+        std = c.initializer_range
+        self.q_proj = Linear(c.hidden_size, 2 * c.num_attention_heads * c.head_dim, dtype, std=std, rngs=rngs)
+        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, std=std, rngs=rngs)
+        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, dtype, std=std, rngs=rngs)
+        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, dtype, std=std, rngs=rngs)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype)
 

@@ -23,8 +23,8 @@ F32 = jnp.float32
 class DepthwiseConv(nnx.Module):
     """Holds the conv kernel ``[K, C]`` (HF stores ``conv1d.weight`` as ``[C, 1, K]``)."""
 
-    def __init__(self, channels: int, kernel: int, dtype, *, rngs: nnx.Rngs):
-        self.weight = nnx.Param(jax.random.normal(rngs.params(), (kernel, channels), dtype) * kernel**-0.5)
+    def __init__(self, channels: int, kernel: int, dtype, *, std: float, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jax.random.normal(rngs.params(), (kernel, channels), dtype) * std)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -34,16 +34,18 @@ class GatedDeltaNet(nnx.Module):
         self.k_dim, self.v_dim = c.linear_key_head_dim, c.linear_value_head_dim
         self.key_dim, self.value_dim, self.conv_dim = c.linear_key_dim, c.linear_value_dim, c.conv_dim
         self.kernel = c.linear_conv_kernel_dim
-        self.in_proj_qkv = Linear(c.hidden_size, c.conv_dim, dtype, rngs=rngs)
-        self.in_proj_z = Linear(c.hidden_size, c.linear_value_dim, dtype, rngs=rngs)
-        self.in_proj_b = Linear(c.hidden_size, c.linear_num_value_heads, dtype, rngs=rngs)
-        self.in_proj_a = Linear(c.hidden_size, c.linear_num_value_heads, dtype, rngs=rngs)
-        self.conv1d = DepthwiseConv(c.conv_dim, c.linear_conv_kernel_dim, dtype, rngs=rngs)
+        std = c.initializer_range
+        self.in_proj_qkv = Linear(c.hidden_size, c.conv_dim, dtype, std=std, rngs=rngs)
+        self.in_proj_z = Linear(c.hidden_size, c.linear_value_dim, dtype, std=std, rngs=rngs)
+        self.in_proj_b = Linear(c.hidden_size, c.linear_num_value_heads, dtype, std=std, rngs=rngs)
+        self.in_proj_a = Linear(c.hidden_size, c.linear_num_value_heads, dtype, std=std, rngs=rngs)
+        self.conv1d = DepthwiseConv(c.conv_dim, c.linear_conv_kernel_dim, dtype, std=std, rngs=rngs)
         hv = c.linear_num_value_heads
-        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (hv,), F32, 1.0, 16.0)))
+        # As HF: A = -exp(A_log) with exp(A_log) ~ uniform(0.01, 16); dt_bias ones.
+        self.A_log = nnx.Param(jnp.log(jax.random.uniform(rngs.params(), (hv,), F32, 0.01, 16.0)))
         self.dt_bias = nnx.Param(jnp.ones((hv,), dtype))
         self.norm = GatedRMSNorm(c.linear_value_head_dim, c.rms_norm_eps)
-        self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, rngs=rngs)
+        self.out_proj = Linear(c.linear_value_dim, c.hidden_size, dtype, std=std, rngs=rngs)
 
     @property
     def output_projection(self) -> Linear:

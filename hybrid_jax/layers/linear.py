@@ -9,8 +9,8 @@ from pallas_kernels.gemv.reference import gemv as xla_gemv
 
 
 class Linear(nnx.Module):
-    def __init__(self, in_features: int, out_features: int, dtype, *, rngs: nnx.Rngs):
-        std = in_features**-0.5
+    def __init__(self, in_features: int, out_features: int, dtype, *, std: float, rngs: nnx.Rngs):
+        """The kernel drawn from normal(0, std), as HF initializes nn.Linear."""
         self.kernel = nnx.Param(jax.random.normal(rngs.params(), (in_features, out_features), dtype) * std)
 
     def __call__(self, x: jax.Array, out_dtype=None) -> jax.Array:
