@@ -17,7 +17,8 @@ class ChatTemplateError(ValueError):
 
 
 # Our own template, written from the Qwen3.5 behaviour: ChatML turns, XML tool calls, reasoning kept only
-# after the last real user query, and thinking OFF unless enable_thinking is true (as in the small models).
+# after the last real user query, and thinking OFF unless enable_thinking is true (as in the small models). The
+# developer role (which OpenAI clients send) is a system message.
 BUILTIN_TEMPLATE = r"""
 {%- set tool_instructions = 'If you decide to call a function, reply ONLY in the format below, '
     ~ 'with nothing after it:\n\n'
@@ -44,7 +45,7 @@ BUILTIN_TEMPLATE = r"""
         {%- set ns.last_query = loop.index0 %}
     {%- endif %}
 {%- endfor %}
-{%- set has_system = messages and messages[0].role == 'system' %}
+{%- set has_system = messages and messages[0].role in ('system', 'developer') %}
 {%- set system_text = ((messages[0].content or '') | trim) if has_system else '' %}
 {%- if tools %}
     {{- '<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>' }}
@@ -61,7 +62,7 @@ BUILTIN_TEMPLATE = r"""
 {%- endif %}
 {%- for message in messages %}
     {%- set content = message.content or '' %}
-    {%- if message.role == 'system' %}
+    {%- if message.role in ('system', 'developer') %}
         {%- if not loop.first %}
             {{- raise_exception('System message must be at the beginning.') }}
         {%- endif %}

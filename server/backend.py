@@ -57,7 +57,7 @@ class Backend:
         self.error: str | None = None
         self.engine = self.tokenizer = None
         self.template: ChatTemplate | None = None
-        self.default_sampling: dict[str, Any] = {}
+        self.default_sampling: dict[str, Any] = {}  # defaults of request fields (generation_config.json, flags)
         self._make_llm = make_llm
 
     def start(self) -> Backend:
@@ -71,6 +71,8 @@ class Backend:
             is_dir = path is not None and Path(path).is_dir()
             self.template = ChatTemplate.from_checkpoint(path) if is_dir else ChatTemplate.builtin()
             self.default_sampling = generation_defaults(path if is_dir else None)
+            if self.settings.thinking_token_budget is not None:
+                self.default_sampling["thinking_token_budget"] = self.settings.thinking_token_budget
             if self.default_sampling:
                 log.info("default sampling settings from generation_config.json: %s", self.default_sampling)
             self.engine, self.tokenizer = llm.engine, llm.tokenizer

@@ -1,8 +1,9 @@
 """/v1/chat/completions: the prompt from the chat template, and responses with reasoning and tool calls.
 
-Reasoning is split off at </think> (only when thinking is on for the request) and returned as
-``reasoning_content``; tool calls are parsed from the answer in Qwen3.5's XML format into ``tool_calls``,
-with finish_reason "tool_calls". Streams send the role first, then reasoning, content and tool-call deltas,
+Reasoning is split off at </think> (only when thinking is on for the request) and returned as ``reasoning``
+(current vLLM's name) and ``reasoning_content`` (its older one); tool calls are parsed from the answer in
+Qwen3.5's XML format into ``tool_calls``, with finish_reason "tool_calls". Streams send the role first, then
+reasoning, content and tool-call deltas (each token's logprobs with the first delta that carries its text),
 then a chunk with the finish reason, then the usage when asked for.
 """
 
@@ -53,6 +54,11 @@ def chat_prompt(request: ChatRequest, template: ChatTemplate, tokenizer: Tokeniz
     return (plain.encode(text) if plain is not None else tokenizer.encode(text)), thinking
 
 
+def reasoning_fields(reasoning: str | None) -> JSON:
+    """The reasoning under both of vLLM's names."""
+    return {"reasoning": reasoning, "reasoning_content": reasoning}
+
+
 class ChoiceParser:
     """Splits one choice's output into reasoning, content and tool calls: whole, or as stream deltas."""
 
@@ -72,7 +78,7 @@ class ChoiceParser:
             calls = calls if self.parallel else calls[:1]
         message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}
         if self.thinking:
-            message["reasoning_content"] = reasoning
+            message.update(reasoning_fields(reasoning))
         return message
 
     def feed(self, text: str) -> list[JSON]:
@@ -84,7 +90,7 @@ class ChoiceParser:
         return self._deltas(*self._reasoning.finish(), final=True)
 
     def _deltas(self, reasoning: str, content: str, final: bool) -> list[JSON]:
-        deltas: list[JSON] = [{"reasoning_content": reasoning}] if reasoning else []
+        deltas: list[JSON] = [reasoning_fields(reasoning)] if reasoning else []
         if self._calls is None:
             return deltas + ([{"content": content}] if content else [])
         parsed = self._calls.feed(content) if content else []
@@ -135,10 +141,15 @@ class ChatWriter:
         entry = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if final:
             entry["stop_reason"] = choice.output.stop_reason
-        return {**self.header, "object": "chat.completion.chunk", "choices": [entry]}
+        chunk = {**self.header, "object": "chat.completion.chunk", "choices": [entry]}
+        if self.request.continuous_usage:
+            chunk["usage"] = self.generation.choice_usage(choice)
+        return chunk
 
     def chunks(self) -> Iterator[dict]:
-        """The stream: role deltas, content / reasoning / tool-call deltas, finish chunks, usage."""
+        """The stream: role deltas, content / reasoning / tool-call deltas, finish chunks, usage. A token's
+        logprobs go with the first delta that carries its text (held-back text holds them back too)."""
+        unsent: list[list] = [[] for _ in self.generation.choices]  # per choice: token events not yet sent
         for choice in self.generation.choices:
             yield self._chunk(choice, {"role": "assistant", "content": ""})
         for choice, event, text in self.generation.events():
@@ -149,12 +160,13 @@ class ChatWriter:
             deltas = parser.feed(text) if text else []
             if choice.finished:
                 deltas += parser.finish()
-            logprobs = self._logprobs([event]) if event.token_id is not None else None
-            if logprobs is not None and not deltas and not choice.finished:
-                deltas = [{}]  # keep every token's logprobs in the stream
-            for k, delta in enumerate(deltas):
-                yield self._chunk(choice, delta, logprobs if k == 0 else None)
+            events = unsent[choice.index]
+            if event.token_id is not None:
+                events.append(event)
+            for delta in deltas:
+                yield self._chunk(choice, delta, self._logprobs(events) if events else None)
+                events.clear()
             if choice.finished:
-                yield self._chunk(choice, {}, None if deltas else logprobs, final=True)
+                yield self._chunk(choice, {}, self._logprobs(events) if events else None, final=True)
         if self.request.include_usage:
             yield {**self.header, "object": "chat.completion.chunk", "choices": [], "usage": self.generation.usage()}

@@ -1,5 +1,5 @@
-"""The ``hybrid-jax`` command: ``serve`` (the OpenAI-compatible server), with `hybrid_jax.cli`'s ``generate`` and
-``score``. ``python3 -m server.cli serve ...`` runs it as the installed script does."""
+"""The ``hybrid-jax`` command: ``serve`` (the OpenAI-compatible server), with `hybrid_jax.cli`'s ``generate``,
+``score`` and ``export-tokenizer``. ``python3 -m server.cli serve ...`` runs it as the installed script does."""
 
 from __future__ import annotations
 
@@ -38,12 +38,17 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
                             help="special-token text in chat messages: plain text (default) or control tokens (vLLM)")
     serve_args.add_argument("--default-chat-template-kwargs", type=json.loads, default={},
                             help="JSON object of chat template arguments, e.g. '{\"enable_thinking\": false}'")
+    serve_args.add_argument("--thinking-token-budget", type=int, default=None,
+                            help="the thinking_token_budget of requests that give none: a think block the prompt "
+                                 "leaves open is closed with </think> after this many tokens (default: unbounded)")
     serve_args.set_defaults(run=_serve)
 
 
 def _serve(args: argparse.Namespace) -> None:
     if not isinstance(args.default_chat_template_kwargs, dict):
         raise SystemExit("--default-chat-template-kwargs: must be a JSON object")
+    if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
+        raise SystemExit("--thinking-token-budget: must be >= 0")
     try:
         api_key = resolve_api_key(args.api_key)
     except ValueError as e:
@@ -57,6 +62,7 @@ def _serve(args: argparse.Namespace) -> None:
                         compilation_cache_dir=args.compilation_cache_dir or None,
                         background_compile=args.background_compile,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
+                        thinking_token_budget=args.thinking_token_budget,
                         request_read_timeout=args.request_read_timeout,
                         allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
                         special_tokens_as_text=args.special_tokens_in_messages == "text")
@@ -64,7 +70,7 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs ``serve``, ``generate`` or ``score`` as ``argv`` (default: sys.argv's) says."""
+    """Runs ``serve``, ``generate``, ``score`` or ``export-tokenizer`` as ``argv`` (default: sys.argv's) says."""
     cli.main(argv, add_serve)
 
 

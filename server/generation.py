@@ -133,6 +133,12 @@ class Generation:
     def failed(self) -> bool:
         return any(c.output.finish_reason == "error" for c in self.choices)
 
+    @staticmethod
+    def choice_usage(choice: Choice) -> dict[str, int]:
+        """One choice's usage so far (a stream's continuous usage stats)."""
+        prompt, completion = len(choice.prompt_ids), len(choice.output.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
     def usage(self) -> dict[str, int]:
         """OpenAI usage: each prompt counted once (however many samples), every sample's tokens."""
         prompt = sum(len(ids) for ids in self.prompts)

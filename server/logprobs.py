@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from hybrid_jax.engine.engine import TokenEvent
+from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.tokenizer import Tokenizer
 
 LOGPROB_FLOOR = -9999.0  # what vLLM reports for -inf (JSON has no infinity)
@@ -28,9 +29,11 @@ def token_namer(tokenizer: Tokenizer, as_ids: bool) -> TokenNamer:
 
 
 def completion_logprobs(name: TokenNamer, events: Sequence[TokenEvent], offset: int = 0,
-                        prompt_ids: Sequence[int] = ()) -> dict:
-    """Completions logprobs of ``events`` starting at text ``offset``; echoed prompt tokens come first
-    with null logprobs (prompt logprobs are not computed). top_logprobs includes the sampled token."""
+                        prompt_ids: Sequence[int] = (), prompt_logprobs: Sequence[PromptLogprob | None] | None = None,
+                        top_n: int = 0) -> dict:
+    """Completions logprobs of ``events`` starting at text ``offset``; echoed prompt tokens come first, with
+    their ``prompt_logprobs`` (``top_n`` alternatives; the first token's are null, as are all without them).
+    top_logprobs includes the sampled (or prompt) token first."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
     def add(text: str, logprob: float | None, top: dict[str, float] | None) -> None:
@@ -41,14 +44,40 @@ def completion_logprobs(name: TokenNamer, events: Sequence[TokenEvent], offset: 
         out["text_offset"].append(offset)
         offset += len(text)
 
-    for token_id in prompt_ids:
-        add(name(token_id), None, None)
+    for k, token_id in enumerate(prompt_ids):
+        entry = prompt_logprobs[k] if prompt_logprobs is not None else None
+        if entry is None:
+            add(name(token_id), None, None)
+            continue
+        text = name(token_id)
+        top = {text: _finite(entry.logprob)}
+        for alternative, logprob in entry.top[:top_n]:
+            top.setdefault(name(alternative), _finite(logprob))
+        add(text, _finite(entry.logprob), top)
     for event in events:
         text = name(event.token_id)
         top = {text: _finite(event.logprob)}  # the sampled token first, then the alternatives by rank
         for token_id, logprob in event.top_logprobs or []:
             top.setdefault(name(token_id), _finite(logprob))
         add(text, _finite(event.logprob), top)
+    return out
+
+
+def vllm_prompt_logprobs(name: TokenNamer, prompt_ids: Sequence[int],
+                         prompt_logprobs: Sequence[PromptLogprob | None]) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs`` of a choice: per prompt token, {token id: {logprob, rank, decoded_token}} for
+    the token and its alternatives (null for the first token)."""
+    out: list[dict | None] = []
+    for token_id, entry in zip(prompt_ids, prompt_logprobs, strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        ranked = {str(token_id): {"logprob": _finite(entry.logprob), "rank": entry.rank,
+                                  "decoded_token": name(token_id)}}
+        for rank, (alternative, logprob) in enumerate(entry.top, 1):
+            ranked.setdefault(str(alternative), {"logprob": _finite(logprob), "rank": rank,
+                                                 "decoded_token": name(alternative)})
+        out.append(ranked)
     return out
 
 

@@ -19,6 +19,9 @@ TOOL_CHOICES = ("none", "auto", "required")
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
 SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_CHOICES = 256  # prompts x n of one request (each choice is an engine request with a forwarding thread)
+# vLLM's structured-output fields: answered 400 until a grammar engine serves them, never ignored.
+STRUCTURED_OUTPUT_FIELDS = ("guided_json", "guided_choice", "guided_regex", "guided_grammar", "structured_outputs")
+STRUCTURED_FORMATS = ("json_object", "json_schema", "structural_tag")
 
 
 class Reader:
@@ -83,18 +86,22 @@ class GenerationRequest:
     n: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # usage in every chunk (stream_options.continuous_usage_stats)
     tokens_as_ids: bool  # logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
 
     def params_for(self, choice: int, max_tokens: int) -> SamplingParams:
-        """The sampling params of sample ``choice`` (0..n-1): seed + choice when seeded, as vLLM does."""
+        """The sampling params of sample ``choice`` (0..n-1): seed + choice when seeded, as vLLM does; the prompt
+        is scored by its first sample only (unless nothing is generated)."""
         seed = None if self.params.seed is None else self.params.seed + choice
-        return dataclasses.replace(self.params, max_tokens=max_tokens, seed=seed)
+        prompt_logprobs = self.params.prompt_logprobs if choice == 0 or max_tokens == 0 else None
+        return dataclasses.replace(self.params, max_tokens=max_tokens, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
 @dataclass
 class CompletionRequest(GenerationRequest):
     prompts: list[str | list[int]]
     echo: bool
+    prompt_logprobs: int | None  # vLLM's prompt_logprobs field: returned as each choice's prompt_logprobs
 
 
 @dataclass
@@ -117,17 +124,40 @@ def _stop(reader: Reader) -> list[str]:
     return [s for s in stops if s]
 
 
-def _sampling(reader: Reader, defaults: JSON, logprobs: int | None) -> SamplingParams:
-    """SamplingParams from the body; fields the request leaves out take the model's defaults, then vLLM's."""
+def _logit_bias(reader: Reader) -> dict[int, float] | None:
+    """OpenAI's logit_bias: token ids (as strings, JSON's keys) -> biases; the range is SamplingParams's check."""
+    bias = reader.object("logit_bias")
+    if not bias:
+        return None
+    try:
+        ids = [int(key) for key in bias]
+    except ValueError as e:
+        raise bad_request("logit_bias: keys must be token ids (integers)", "logit_bias") from e
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in bias.values()):
+        raise bad_request("logit_bias: biases must be numbers", "logit_bias")
+    return dict(zip(ids, bias.values(), strict=True))
+
+
+def _bad_words(reader: Reader) -> list[str]:
+    words = reader.array("bad_words", [])
+    if not all(isinstance(w, str) for w in words):
+        raise bad_request("bad_words: must be an array of strings", "bad_words")
+    return words
+
+
+def _sampling(reader: Reader, defaults: JSON, logprobs: int | None, prompt_logprobs: int | None) -> SamplingParams:
+    """SamplingParams from the body; fields the request leaves out take the server's defaults, then vLLM's."""
     numbers = {}
     for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = reader.number(name, defaults.get(name))
         if value is not None:
             numbers[name] = value
     top_k = reader.integer("top_k", defaults.get("top_k"))
+    min_tokens = reader.integer("min_tokens", 0, 0)
+    allowed = reader.integers("allowed_token_ids") if reader.body.get("allowed_token_ids") is not None else None
     try:
         return SamplingParams(
-            max_tokens=1,
+            max_tokens=max(1, min_tokens),  # a placeholder until max_tokens is resolved
             **numbers,
             **({} if top_k is None else {"top_k": top_k}),
             seed=reader.integer("seed", None, *SEED_RANGE),
@@ -135,28 +165,55 @@ def _sampling(reader: Reader, defaults: JSON, logprobs: int | None) -> SamplingP
             stop_token_ids=reader.integers("stop_token_ids"),
             ignore_eos=reader.boolean("ignore_eos", False),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=reader.boolean("skip_special_tokens", True),
             include_stop_str_in_output=reader.boolean("include_stop_str_in_output", False),
+            min_tokens=min_tokens,
+            logit_bias=_logit_bias(reader),
+            allowed_token_ids=allowed,
+            bad_words=_bad_words(reader),
+            thinking_token_budget=reader.integer("thinking_token_budget", defaults.get("thinking_token_budget")),
         )
     except ValueError as e:
         raise from_value_error(e) from e
 
 
-def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: int | None) -> JSON:
-    if reader.body.get("logit_bias"):
-        raise bad_request("logit_bias: not supported by this server", "logit_bias")
-    response_format = reader.object("response_format")
-    if response_format.get("type", "text") != "text":
-        raise bad_request("response_format: only the 'text' format is supported", "response_format")
-    stream = reader.boolean("stream", False)
-    has_options = reader.body.get("stream_options") is not None
-    if has_options and not stream:
+def _no_structured_outputs(reader: Reader) -> None:
+    """400 for the structured-output fields (a grammar engine is not part of this server yet)."""
+    for name in STRUCTURED_OUTPUT_FIELDS:
+        if reader.body.get(name) is not None:
+            raise bad_request(f"{name}: structured outputs are not supported yet", name)
+    kind = reader.object("response_format").get("type", "text")
+    if kind in STRUCTURED_FORMATS:
+        raise bad_request(f"response_format: the {kind!r} format is not supported yet", "response_format")
+    if kind != "text":
+        raise bad_request(f"response_format: type must be one of 'text', {', '.join(map(repr, STRUCTURED_FORMATS))}",
+                          "response_format")
+
+
+def _stream_options(reader: Reader, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous_usage_stats); as vLLM, usage in every chunk needs include_usage."""
+    if reader.body.get("stream_options") is None:
+        return False, False
+    if not stream:
         raise bad_request("stream_options: only allowed when stream is true", "stream_options")
-    include_usage = reader.object("stream_options").get("include_usage", True) if has_options else False
-    if not isinstance(include_usage, bool):
-        raise bad_request("stream_options.include_usage: must be a boolean", "stream_options")
-    return dict(model=reader.string("model"), params=_sampling(reader, defaults, logprobs), max_tokens=max_tokens,
-                n=reader.integer("n", 1, 1, MAX_CHOICES), stream=stream, include_usage=include_usage,
+    options = reader.object("stream_options")
+    flags = [options.get(name, default) for name, default in (("include_usage", True),
+                                                               ("continuous_usage_stats", False))]
+    for name, flag in zip(("include_usage", "continuous_usage_stats"), flags, strict=True):
+        if not isinstance(flag, bool):
+            raise bad_request(f"stream_options.{name}: must be a boolean", "stream_options")
+    return flags[0], flags[0] and flags[1]
+
+
+def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: int | None,
+            prompt_logprobs: int | None = None) -> JSON:
+    _no_structured_outputs(reader)
+    stream = reader.boolean("stream", False)
+    include_usage, continuous_usage = _stream_options(reader, stream)
+    return dict(model=reader.string("model"), params=_sampling(reader, defaults, logprobs, prompt_logprobs),
+                max_tokens=max_tokens, n=reader.integer("n", 1, 1, MAX_CHOICES), stream=stream,
+                include_usage=include_usage, continuous_usage=continuous_usage,
                 tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False))
 
 
@@ -182,10 +239,24 @@ def parse_completion(body: Any, defaults: JSON) -> CompletionRequest:
     if reader.body.get("suffix"):
         raise bad_request("suffix: not supported", "suffix")
     logprobs = reader.integer("logprobs", None, 0, MAX_LOGPROBS)
-    common = _common(reader, defaults, logprobs, reader.integer("max_tokens", 16, 1))
+    echo = reader.boolean("echo", False)
+    max_tokens = reader.integer("max_tokens", 16, 0)
+    if max_tokens == 0 and not echo:
+        raise bad_request("max_tokens: must be >= 1 (0 only with echo: the prompt and its logprobs)", "max_tokens")
+    prompt_logprobs = reader.integer("prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None and reader.body.get("stream"):
+        raise bad_request("prompt_logprobs: not available when stream is true", "prompt_logprobs")
+    # vLLM's: echo with logprobs scores the prompt too; with nothing generated it is always scored (the idiom).
+    scored = prompt_logprobs if prompt_logprobs is not None else logprobs if echo else None
+    common = _common(reader, defaults, logprobs, max_tokens, 0 if scored is None and max_tokens == 0 else scored)
+    best_of = reader.integer("best_of", None, 1)
+    if best_of is not None and best_of < common["n"]:
+        raise bad_request(f"best_of: must be >= n ({common['n']}), got {best_of}", "best_of")
+    if best_of is not None and best_of > common["n"]:
+        raise bad_request("best_of: values above n are not supported (as in vLLM's V1 engine)", "best_of")
     if len(prompts) * common["n"] > MAX_CHOICES:
         raise bad_request(f"n: prompts x n must be at most {MAX_CHOICES}", "n")
-    return CompletionRequest(**common, prompts=prompts, echo=reader.boolean("echo", False))
+    return CompletionRequest(**common, prompts=prompts, echo=echo, prompt_logprobs=prompt_logprobs)
 
 
 def _tool_name(tool: Any) -> str:
@@ -248,6 +319,8 @@ def parse_chat(body: Any, defaults: JSON) -> ChatRequest:
     top_logprobs = (top_logprobs or 0) if want_logprobs else None
     max_tokens = reader.integer("max_completion_tokens", None, 1)
     max_tokens = reader.integer("max_tokens", None, 1) if max_tokens is None else max_tokens
+    if reader.body.get("prompt_logprobs") is not None:
+        raise bad_request("prompt_logprobs: only /v1/completions returns prompt logprobs", "prompt_logprobs")
     common = _common(reader, defaults, top_logprobs, max_tokens)
     return ChatRequest(
         **common,

@@ -34,6 +34,7 @@ class Settings:
     allowed_hosts: tuple[str, ...] | None = None  # Host header values served (werkzeug patterns); None: any
     special_tokens_as_text: bool = True  # special-token text in chat messages is encoded as plain text
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking_token_budget: int | None = None  # default of the request field (None: thinking is not bounded)
     exit_on_load_failure: bool = False  # the process exits when the model fails to load (the launcher sets it)
 
     @classmethod
@@ -81,7 +82,7 @@ def allowed_hosts_for(bind_host: str, given: list[str] | None) -> tuple[str, ...
 
 def _parse(name: str, raw: str, kind: str) -> Any:
     try:
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
             return float(raw)

@@ -1,4 +1,5 @@
-"""``hybrid-jax generate`` and ``score`` on JSONL files with the embedded tiny model; ``serve``'s flags."""
+"""``hybrid-jax generate`` and ``score`` on JSONL files with the embedded tiny model, ``export-tokenizer``;
+``serve``'s flags."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import math
 
 import pytest
 
+from hybrid_jax.chat import BUILTIN_TEMPLATE, ChatTemplate
 from hybrid_jax.cli import main, parser
+from hybrid_jax.tokenizer import load_tokenizer
 from server.cli import add_serve
+
+EXPORT_TEXT = "Hello wörld, 12345 你好 <|im_end|><think>\n</think> tabs\tand  spaces"
 
 
 def write_jsonl(path, rows):
@@ -40,6 +45,30 @@ def test_score(tmp_path):
     for row in rows:
         assert all(v <= 0 for v in row["logprobs"])
         assert math.isclose(row["total_logprob"], sum(row["logprobs"]), rel_tol=1e-6)
+
+
+def test_export_tokenizer(tmp_path):
+    import tokenizers
+
+    main(["export-tokenizer", str(tmp_path / "tok")])
+    exported = tokenizers.Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    assert exported.encode(EXPORT_TEXT, add_special_tokens=False).ids == load_tokenizer().encode(EXPORT_TEXT)
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == BUILTIN_TEMPLATE
+    assert (config["eos_token"], config["pad_token"], config["bos_token"]) == ("<|im_end|>", "<|endoftext|>", None)
+    with pytest.raises(SystemExit, match="model-path"):
+        main(["export-tokenizer", str(tmp_path / "other"), "--model-path", str(tmp_path / "missing")])
+
+
+def test_exported_tokenizer_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    main(["export-tokenizer", str(tmp_path)])
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf.encode(EXPORT_TEXT, add_special_tokens=False) == load_tokenizer().encode(EXPORT_TEXT)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        ChatTemplate.builtin().render(messages)
+    assert hf.eos_token == "<|im_end|>"
 
 
 def test_bad_input_line_names_the_line(tmp_path):

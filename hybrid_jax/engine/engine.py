@@ -18,9 +18,9 @@ import numpy as np
 
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.config import EngineConfig
-from hybrid_jax.engine.requests import QueueFullError, Request, RequestHandle, TokenEvent
+from hybrid_jax.engine.requests import QueueFullError, Request, RequestHandle, ThinkingEnd, TokenEvent
 from hybrid_jax.engine.runner import DecodeCall, FirstTokens, Runner, host_samples
-from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.engine.sampling_params import MAX_MIN_TOKENS_STOPS, SamplingParams
 from hybrid_jax.engine.scheduler import Scheduler, Variant
 from hybrid_jax.model import Qwen35ForCausalLM
 
@@ -33,17 +33,21 @@ class Engine:
     """Owns the scheduler, the runner and the engine thread."""
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,  # noqa: B008 (frozen)
-                 eos_token_ids: tuple[int, ...] = (), valid_vocab: int | None = None,
-                 executable_dir: str | os.PathLike | None = None):
+                 eos_token_ids: tuple[int, ...] = (), think_token_ids: tuple[int, int] | None = None,
+                 valid_vocab: int | None = None, executable_dir: str | os.PathLike | None = None):
         """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`). ``model``
         may be abstract (shape-only parameters, as `weights.abstract_model` makes): its programs can be built
-        (`prepare_programs`) while the weights load, and `attach` gives it the loaded model before `start`."""
+        (`prepare_programs`) while the weights load, and `attach` gives it the loaded model before `start`.
+        ``think_token_ids``: the (start, end) tokens of a think block; a request's thinking_token_budget applies
+        when its prompt leaves one open."""
         self.config = config
+        self.think_token_ids = think_token_ids
         self.runner = Runner(model, config, valid_vocab=valid_vocab, executable_dir=executable_dir)
         layout = self.runner.layout
         self.scheduler = Scheduler(config, BlockAllocator(layout.num_slots), BlockAllocator(layout.num_pages),
                                    page_size=layout.page_size, decode_steps=self.runner.decode_steps,
                                    eos_token_ids=eos_token_ids)
+        self.runner.scorer.on_built = self.scheduler.wake
         self._inflight: DecodeCall | None = None
         self._first: FirstTokens | None = None
         self._ids = itertools.count()
@@ -60,12 +64,45 @@ class Engine:
             raise ValueError("prompt: must contain at least one token")
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        self._check_token_ids(params)
+        stops = self._min_tokens_stops(params)
         self.scheduler.check(len(prompt_ids), params.max_tokens)
         # The step reads seeds as uint32: any integer seed maps into that range (negative or > 2**32 too).
         seed = params.seed % 2**32 if params.seed is not None else int(self._seeds.integers(0, 2**31))
-        request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed)
+        request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed,
+                          min_tokens_stops=stops, thinking_end=self._thinking_end(prompt_ids, params))
         self.scheduler.put(request)
         return RequestHandle(request, self.cancel)
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Raise ValueError naming the field whose token ids are past the vocabulary (or untokenized)."""
+        if params.bad_words and not params.bad_words_token_ids:
+            raise ValueError("bad_words: not tokenized (SamplingParams.update_from_tokenizer)")
+        vocab = self.runner.valid_vocab
+        for name, ids in (("logit_bias", list(params.logit_bias or ())),
+                          ("allowed_token_ids", params.allowed_token_ids or []),
+                          ("bad_words", [t for sequence in params.bad_words_token_ids for t in sequence])):
+            if past := [t for t in ids if t >= vocab]:
+                raise ValueError(f"{name}: token id {past[0]} is out of the vocabulary [0, {vocab})")
+
+    def _min_tokens_stops(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens held back until min_tokens: eos (unless ignored) and the stop tokens."""
+        if not params.min_tokens:
+            return ()
+        eos = () if params.ignore_eos else sorted(self.scheduler.eos_token_ids)
+        stops = tuple(dict.fromkeys([*eos, *params.stop_token_ids]))
+        if len(stops) > MAX_MIN_TOKENS_STOPS:
+            raise ValueError(f"min_tokens: at most {MAX_MIN_TOKENS_STOPS} eos and stop_token_ids can be held back, "
+                             f"got {len(stops)}")
+        return stops
+
+    def _thinking_end(self, prompt_ids: list[int], params: SamplingParams) -> ThinkingEnd | None:
+        """The forced end of the think block the prompt leaves open, under the request's thinking budget."""
+        if params.thinking_token_budget is None or self.think_token_ids is None:
+            return None
+        start, end = self.think_token_ids
+        last = next((t for t in reversed(prompt_ids) if t in (start, end)), None)
+        return ThinkingEnd(end, params.thinking_token_budget) if last == start else None
 
     def cancel(self, request: Request) -> None:
         self.scheduler.cancel(request)
@@ -128,8 +165,9 @@ class Engine:
     def _loop(self) -> None:
         s = self.scheduler
         while not self._stop.is_set():
-            s.take_arrivals(block=s.idle)
+            s.take_arrivals(block=s.idle and not self._can_score())
             s.reap_cancelled()
+            self._score()
             s.admit()
             try:
                 if s.prefilling:
@@ -140,6 +178,27 @@ class Engine:
                 log.exception("engine step failed")
                 self._inflight = self._first = None
                 s.fail_running(e)
+
+    def _can_score(self) -> bool:
+        """Whether the first request waiting for its prompt logprobs can be scored now (its program is built)."""
+        s = self.scheduler
+        return bool(s.scoring) and self.runner.scorer.ready(len(s.scoring[0].prompt_ids))
+
+    def _score(self) -> None:
+        """Compute the prompt logprobs of the first request that waits for them, unless their program is still
+        being built in the background (the build wakes the loop when done)."""
+        s = self.scheduler
+        if not s.scoring:
+            return
+        r = s.scoring[0]
+        try:
+            logprobs = self.runner.score_prompt(r.prompt_ids, r.params.prompt_logprobs)
+        except Exception as e:  # a failed scoring ends its request, never the server
+            log.exception("scoring a prompt failed")
+            s.fail_scoring(r, e)
+            return
+        if logprobs is not None:
+            s.scored(r, logprobs)
 
     def _prefill(self) -> None:
         chunks = self.scheduler.prefill_chunks()

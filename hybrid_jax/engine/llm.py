@@ -22,6 +22,7 @@ from hybrid_jax.compilation_cache import enable_compilation_cache, executable_di
 from hybrid_jax.config import Qwen35Config, preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
+from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.loader import load_pretrained, random_model
 from hybrid_jax.model import Qwen35ForCausalLM
@@ -30,6 +31,7 @@ from hybrid_jax.weights import abstract_model
 
 log = logging.getLogger("hybrid_jax.engine")
 DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
+THINK_START, THINK_END = "<think>", "</think>"
 SCORE_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SCORE_LOGIT_CHUNK = 256  # positions whose logits are materialised at once when scoring
 
@@ -82,7 +84,7 @@ class LLM:
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
-        engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab,
+        engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab, think_token_ids=think_token_ids(self.tokenizer),
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
         tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
@@ -134,6 +136,9 @@ class LLM:
         params = params if isinstance(params, list) else [params] * len(ids)
         if len(params) != len(ids):
             raise ValueError("sampling_params: the list must have one entry per prompt")
+        for p in params:
+            if p.bad_words and not p.bad_words_token_ids:
+                p.update_from_tokenizer(self.tokenizer)
         handles = [self.engine.submit(p_ids, p) for p_ids, p in zip(ids, params, strict=True)]
         results = []
         for text, p_ids, p, handle in tqdm(list(zip(texts, ids, params, handles, strict=True)),
@@ -144,7 +149,8 @@ class LLM:
                 if assembler.stopped_by_string:
                     handle.cancel()
                     break
-            results.append(RequestOutput(handle.request_id, text, list(p_ids), [assembler.output]))
+            results.append(RequestOutput(handle.request_id, text, list(p_ids), [assembler.output],
+                                         prompt_logprobs=prompt_logprob_dicts(p_ids, handle.prompt_logprobs())))
         return results
 
     def score(self, texts: list[str] | None = None, *, prompt_token_ids: list[list[int]] | None = None,
@@ -168,6 +174,22 @@ class LLM:
             for row, i in enumerate(group):
                 results[i] = ScoreOutput(list(ids[i]), logprobs[row, : len(ids[i]) - 1].tolist())
         return results
+
+
+def think_token_ids(tokenizer: Tokenizer) -> tuple[int, int] | None:
+    """The ids of <think> and </think> (None unless the tokenizer has both as tokens of their own)."""
+    start, end = tokenizer.token_to_id(THINK_START), tokenizer.token_to_id(THINK_END)
+    return None if start is None or end is None else (start, end)
+
+
+def prompt_logprob_dicts(prompt_ids: list[int], logprobs: list[PromptLogprob | None] | None
+                         ) -> list[dict[int, float] | None] | None:
+    """vLLM's prompt_logprobs: per prompt token {id: logprob} (the token first, then the alternatives); None for
+    the first."""
+    if logprobs is None:
+        return None
+    return [None if entry is None else {token: entry.logprob, **{i: lp for i, lp in entry.top if i != token}}
+            for token, entry in zip(prompt_ids, logprobs, strict=True)]
 
 
 def _token_logprobs(graphdef, weights, ids):

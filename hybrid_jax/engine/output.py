@@ -27,6 +27,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token (None for the first)
 
 
 class TextAssembler:
@@ -81,13 +82,24 @@ class TextAssembler:
         self.output.text += delta
         return delta
 
+    def _stop_in(self, new: str) -> tuple[int, str] | None:
+        """The first stop string completed in ``new`` (its end there, the string); as vLLM, none completes
+        before more than min_tokens tokens are out."""
+        start = 0
+        while (hit := self._stops.feed(new[start:])) is not None:
+            end = start + hit[0]
+            if len(self.output.token_ids) > self.params.min_tokens:
+                return end, hit[1]
+            start = end
+        return None
+
     def _apply_stop(self, new: str) -> str:
         """The releasable part of the held text plus ``new``; holds back what may begin a stop string."""
         text = self._held + new
         if self._stops is None:
             self._held = ""
             return text
-        hit = self._stops.feed(new)
+        hit = self._stop_in(new)
         if hit is not None:
             end, stop = hit
             end += len(self._held)  # where the match ends in ``text``

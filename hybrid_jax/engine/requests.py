@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -24,6 +25,21 @@ class TokenEvent(NamedTuple):
     time: float
 
 
+class PromptLogprob(NamedTuple):
+    """One prompt token's log-probability given the tokens before it."""
+
+    logprob: float
+    rank: int  # 1 + the tokens more likely than it
+    top: list[tuple[int, float]]  # (id, logprob) of the most likely tokens there, most likely first
+
+
+class ThinkingEnd(NamedTuple):
+    """The thinking budget of a request whose prompt leaves a think block open."""
+
+    token_id: int  # the block's end token, forced ...
+    after: int  # ... once this many tokens are out, unless generated before
+
+
 @dataclass
 class Request:
     request_id: str
@@ -37,10 +53,22 @@ class Request:
     num_prefilled: int = 0
     cancelled: bool = False
     finished: bool = False
+    min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens
+    thinking_end: ThinkingEnd | None = None  # cleared once the end token is out
+    # Prompt logprobs (with params.prompt_logprobs): None for the first token; set before any event is queued.
+    prompt_logprobs: list[PromptLogprob | None] | None = None
+    scored: threading.Event = field(default_factory=threading.Event)  # set once prompt_logprobs is final
 
     @property
     def total_len(self) -> int:
         return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def constrained(self) -> bool:
+        """Whether the request's next tokens need the general sampler's token constraints."""
+        p = self.params
+        return bool(p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids or self.thinking_end is not None
+                    or len(self.output_ids) < p.min_tokens)
 
 
 class RequestHandle:
@@ -56,6 +84,14 @@ class RequestHandle:
             yield event
             if event.finish_reason is not None:
                 return
+
+    def prompt_logprobs(self) -> list[PromptLogprob | None] | None:
+        """The prompt's logprobs (None unless the params ask for them, or the request ended before they were
+        computed); waits until the engine has them."""
+        if self._request.params.prompt_logprobs is None:
+            return None
+        self._request.scored.wait()
+        return self._request.prompt_logprobs
 
     def cancel(self) -> None:
         self._cancel(self._request)

@@ -27,8 +27,10 @@ from hybrid_jax.caches.paged import PagedKernels
 from hybrid_jax.caches.pools import is_pool_spec, pool_specs
 from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.constraints import constraint_rows
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
-from hybrid_jax.engine.requests import Request
+from hybrid_jax.engine.prompt_logprobs import PromptScorer
+from hybrid_jax.engine.requests import PromptLogprob, Request
 from hybrid_jax.engine.sampler import Sampled, SamplingRows
 from hybrid_jax.engine.scheduler import Variant
 from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch, decode_step, multi_decode_step, prefill_step
@@ -112,6 +114,8 @@ class Runner:
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
+        self.scorer = PromptScorer(self._graphdef, self._weights_def, self.weights, self.valid_vocab,
+                                   config.max_model_len, store, self._program_context(), self._batch_sharding)
         self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
         self._prepared = False  # the programs start needs are built
         self._load_seconds = 0.0  # spent loading them from the store
@@ -170,7 +174,13 @@ class Runner:
     def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
         """A decode step whose samples carry a leading [steps] axis, plus the inputs of the next call over the
         same requests (its tokens the last samples, positions and sampling steps advanced), made on the device:
-        a chained call needs no host-side array op and no host-to-device copy."""
+        a chained call needs no host-side array op and no host-to-device copy. The rows' output history (what
+        bad words are matched against) takes the input tokens here, on the device: the host may not have them
+        (only constrained rows keep one)."""
+        constraints = batch.rows.constraints
+        shifted = jnp.concatenate([constraints.recent[:, 1:], batch.tokens[:, None]], axis=1)  # [B, HISTORY]
+        recent = jnp.where(constraints.constrained[:, None], shifted, constraints.recent)
+        batch = batch._replace(rows=batch.rows._replace(constraints=constraints._replace(recent=recent)))
         sampled, pools = self._run(step, weights, pools, batch, **kw)
         if sampled.tokens.ndim == 1:
             sampled = jax.tree.map(lambda x: x[None], sampled)
@@ -313,8 +323,8 @@ class Runner:
     # -- host batches --------------------------------------------------------------------------------
     def _sampling_rows(self, requests: list[Request], size: int,
                        ahead: np.ndarray | None = None) -> tuple[SamplingRows, jax.Array]:
-        """The rows' sampling settings; ``ahead`` [len(requests)]: tokens each has sampled that the host has not
-        read yet."""
+        """The rows' sampling settings; ``ahead`` [len(requests)] (a decode batch): tokens each has sampled that
+        the host has not read yet (its input token, taken on the device)."""
         cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
                                                                "frequency_penalty", "repetition_penalty")}
         cols["top_p"][:] = 1.0
@@ -330,7 +340,8 @@ class Runner:
             seed[i] = r.seed
             step[i] = len(r.output_ids) + (0 if ahead is None else ahead[i])
         want_top = any(r.params.logprobs for r in requests)
-        return SamplingRows(top_k=top_k, seed=seed, step=step, **cols), np.bool_(want_top)
+        constraints = constraint_rows(requests, size, None if ahead is None else ahead == 0)
+        return SamplingRows(top_k=top_k, seed=seed, step=step, constraints=constraints, **cols), np.bool_(want_top)
 
     def decode_batch(self, requests: list[Request], size: int, first: FirstTokens | None = None) -> DecodeBatch:
         """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host; the tokens of
@@ -421,6 +432,10 @@ class Runner:
         sampled, next_batch, self.pools = program(self.weights, self.pools, batch)
         self.runs[("decode", *variant, size)] += 1
         return DecodeCall(requests, variant, sampled, next_batch)
+
+    def score_prompt(self, prompt_ids: list[int], top_n: int) -> list[PromptLogprob | None] | None:
+        """The prompt's logprobs (see `PromptScorer.score`); None while their program is being built."""
+        return self.scorer.score(self.weights, prompt_ids, top_n)
 
     @staticmethod
     def read(call: DecodeCall) -> list[Sampled]:

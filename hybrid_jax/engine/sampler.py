@@ -1,8 +1,10 @@
-"""On-device sampling for one step: penalties, temperature, top-k, top-p, min-p, seeded draws, logprobs.
+"""On-device sampling for one step: token constraints, penalties, temperature, top-k, top-p, min-p, seeded draws,
+logprobs.
 
 Every row carries its own settings as arrays, so one compiled function serves any mix of requests.
-Filtering follows vLLM's order: penalties on the raw logits, then temperature, then top-k / top-p /
-min-p, then a draw. Logprobs are those of the raw model distribution (vLLM's default ``raw_logprobs``).
+Filtering follows vLLM's order: token constraints (allowed tokens, bad words, min_tokens, logit_bias) on the raw
+logits, then penalties, then temperature, then top-k / top-p / min-p, then a draw. Logprobs are those of the raw
+model distribution (vLLM's default ``raw_logprobs``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from hybrid_jax.engine.constraints import NO_TOKEN, TokenConstraints
 from hybrid_jax.engine.sampling_params import MAX_LOGPROBS
 
 F32 = jnp.float32
@@ -29,6 +32,7 @@ class SamplingRows(NamedTuple):
     repetition_penalty: jax.Array  # [B] f32
     seed: jax.Array  # [B] u32 per-request seed
     step: jax.Array  # [B] i32 number of tokens the request has sampled so far (folds into the key)
+    constraints: TokenConstraints  # [B, ...] logit_bias, allowed tokens, bans, the thinking budget's end token
 
 
 class Sampled(NamedTuple):
@@ -46,6 +50,28 @@ def apply_penalties(logits, rows: SamplingRows, output_counts, prompt_mask):
     logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
     logits = logits - rows.frequency_penalty[:, None] * counts
     return logits - rows.presence_penalty[:, None] * (output_counts > 0)
+
+
+def apply_constraints(logits, rows: SamplingRows, output_counts):
+    """logits [B, V] with the rows' token constraints applied: logit_bias added, and -inf outside the allowed
+    tokens and on banned ones (a bad word's last token where the output ends with the rest of it; eos and stop
+    tokens before min_tokens); a row due to close its thinking keeps only the end token. Rows of padding come
+    back unchanged. output_counts [B, V] i32: whether the end token is out already."""
+    c = rows.constraints
+    size, vocab = logits.shape
+    row = jnp.arange(size)[:, None]
+    bias = jnp.zeros_like(logits).at[row, c.bias_ids].add(c.bias_values, mode="drop")
+    allowed = jnp.zeros(logits.shape, jnp.bool_).at[row, c.allowed_ids].set(True, mode="drop")
+    restricted = jnp.any(c.allowed_ids < vocab, axis=-1, keepdims=True)  # [B, 1]
+    follows = jnp.all((c.ban_prefix < 0) | (c.ban_prefix == c.recent[:, None, :]), axis=-1)  # [B, bans]
+    banning = follows & (rows.step[:, None] < c.ban_until)
+    banned = jnp.zeros(logits.shape, jnp.bool_).at[row, jnp.where(banning, c.ban_token, NO_TOKEN)].set(
+        True, mode="drop")
+    out = jnp.where(banned | (restricted & ~allowed), -jnp.inf, logits + bias)
+    end_count = jnp.take_along_axis(output_counts, jnp.minimum(c.force_token, vocab - 1)[:, None], axis=-1)[:, 0]
+    forced = (c.force_token < vocab) & (rows.step >= c.force_at) & (end_count == 0)  # [B]
+    only_end = jnp.where(jnp.arange(vocab) == c.force_token[:, None], 0.0, -jnp.inf)
+    return jnp.where(forced[:, None], only_end, out)
 
 
 def filter_logits(logits, rows: SamplingRows):
@@ -72,9 +98,12 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     """logits [B, V] -> sampled ids and raw logprobs; the top-``MAX_LOGPROBS`` alternatives only when ``want_top``.
 
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
-    is greedy and none wants top logprobs, so the step has no data-dependent branch. Each such branch
-    (lax.cond) makes the host wait for the device mid-call, which stops the next call from being queued
-    behind this one (at 0.8B the branches about double a decode call's time back to back: docs/DESIGN.md).
+    is greedy, none wants top logprobs and none has token constraints, so the step has no data-dependent
+    branch. Each such branch (lax.cond) makes the host wait for the device mid-call, which stops the next call
+    from being queued behind this one (at 0.8B the branches about double a decode call's time back to back:
+    docs/DESIGN.md). Otherwise one three-way branch picks the tokens: greedy, random draws, or (some row has
+    token constraints) both over the constrained logits; a batch without constraints runs what it ran before
+    they existed.
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab
@@ -89,17 +118,23 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
         top_logprobs, top_ids = no_top
         return Sampled(tokens, logprob, top_ids, top_logprobs)
 
-    def draw(_):
+    random_rows = rows.temperature > 0
+
+    def draw(scores):
         # The full-vocabulary sort behind top-k/top-p/min-p runs only when some row asks for a filter.
         needs_filter = jnp.any(rows.top_k > 0) | jnp.any(rows.top_p < 1.0) | jnp.any(rows.min_p > 0.0)
-        scaled = penalized / jnp.maximum(rows.temperature, 1e-6)[:, None]
-        filtered = jax.lax.cond(needs_filter, lambda: filter_logits(penalized, rows), lambda: scaled)
+        scaled = scores / jnp.maximum(rows.temperature, 1e-6)[:, None]
+        filtered = jax.lax.cond(needs_filter, lambda: filter_logits(scores, rows), lambda: scaled)
         keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(rows.seed, rows.step)
-        return jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
+        drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
+        return jnp.where(random_rows, drawn, jnp.argmax(scores, axis=-1)).astype(jnp.int32)
 
-    any_random = jnp.any(rows.temperature > 0)
-    drawn = jax.lax.cond(any_random, draw, lambda _: greedy_ids, None)
-    tokens = jnp.where(rows.temperature > 0, drawn, greedy_ids).astype(jnp.int32)
+    def constrained():
+        # vLLM's order: the constraints on the raw logits, then the penalties.
+        return draw(apply_penalties(apply_constraints(logits, rows, output_counts), rows, output_counts, prompt_mask))
+
+    branch = jnp.where(jnp.any(rows.constraints.constrained), 2, jnp.where(jnp.any(random_rows), 1, 0))
+    tokens = jax.lax.switch(branch, [lambda: greedy_ids.astype(jnp.int32), lambda: draw(penalized), constrained])
     logprob = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
     short = max(MAX_LOGPROBS - logits.shape[-1], 0)  # tiny test vocabularies
     ranked = jnp.pad(raw_logprobs, ((0, 0), (0, short)), constant_values=-jnp.inf)

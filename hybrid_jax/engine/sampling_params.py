@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 MAX_LOGPROBS = 20
+# The token constraints travel to the device as fixed-shape rows (see `constraints`): these bound each request.
+MAX_LOGIT_BIAS = 128  # logit_bias entries
+MAX_ALLOWED_TOKEN_IDS = 128
+MAX_BAD_WORDS = 16  # token sequences of bad_words (a word and its space-prefixed form may both count)
+MAX_BAD_WORD_TOKENS = 8  # tokens in one bad word's sequence
+MAX_MIN_TOKENS_STOPS = 16  # eos and stop_token_ids held back until min_tokens
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+class Encoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
 
 
 @dataclass
 class SamplingParams:
-    """How to sample one completion. ``temperature == 0`` is greedy; ``top_k`` <= 0 means no top-k."""
+    """How to sample one completion. ``temperature == 0`` is greedy; ``top_k`` <= 0 means no top-k.
+
+    Token constraints (vLLM's): ``logit_bias`` adds to the given tokens' logits; ``allowed_token_ids`` restricts
+    sampling to those tokens; ``bad_words`` are never generated (each word's token sequences, from
+    `update_from_tokenizer`, in ``bad_words_token_ids``: the last token of a sequence is banned where the output
+    ends with the ones before it); eos and stop tokens are held back until ``min_tokens`` tokens are out.
+    ``thinking_token_budget``: where the prompt leaves a think block open, its end token is forced after that
+    many output tokens. ``prompt_logprobs``: the prompt's per-token logprobs with that many alternatives
+    (``max_tokens`` may then be 0: the prompt is scored, nothing generated).
+    """
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -24,8 +46,15 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return with each sampled token
+    prompt_logprobs: int | None = None  # number of top alternatives to return with each prompt token
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    thinking_token_budget: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -38,7 +67,12 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"{name}: {why}")
 
-        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1")
+        def integer(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        scoring = self.prompt_logprobs is not None
+        check(integer(self.max_tokens) and self.max_tokens >= (0 if scoring else 1), "max_tokens",
+              "must be an integer >= 1 (0 only with prompt_logprobs)")
         check(0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]")
         check(0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
         check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "must be -1, 0 (off) or a positive integer")
@@ -48,11 +82,55 @@ class SamplingParams:
         check(0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
         check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
-        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+        check(all(integer(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "must be non-negative integers")
-        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
-              "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(value is None or (integer(value) and 0 <= value <= MAX_LOGPROBS), name,
+                  f"must be an integer in [0, {MAX_LOGPROBS}]")
+        check(integer(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+              f"must be an integer in [0, max_tokens={self.max_tokens}]")
+        low, high = LOGIT_BIAS_RANGE
+        bias = self.logit_bias or {}
+        check(isinstance(bias, dict) and all(integer(t) and t >= 0 for t in bias), "logit_bias",
+              "must map token ids (non-negative integers) to biases")
+        check(all(isinstance(b, int | float) and not isinstance(b, bool) and low <= b <= high for b in bias.values()),
+              "logit_bias", f"biases must be numbers in [{low:g}, {high:g}]")
+        check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}")
+        allowed = self.allowed_token_ids
+        check(allowed is None or (isinstance(allowed, list) and 0 < len(allowed) <= MAX_ALLOWED_TOKEN_IDS
+                                  and all(integer(t) and t >= 0 for t in allowed)), "allowed_token_ids",
+              f"must be a non-empty list of at most {MAX_ALLOWED_TOKEN_IDS} token ids (non-negative integers)")
+        check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words",
+              "must be non-blank strings")
+        sequences = self.bad_words_token_ids
+        check(len(sequences) <= MAX_BAD_WORDS, "bad_words",
+              f"at most {MAX_BAD_WORDS} token sequences (a word and its space-prefixed form may both count), "
+              f"got {len(sequences)}")
+        check(all(0 < len(s) <= MAX_BAD_WORD_TOKENS and all(integer(t) and t >= 0 for t in s) for s in sequences),
+              "bad_words", f"each word must be 1 to {MAX_BAD_WORD_TOKENS} tokens long")
+        check(self.thinking_token_budget is None or (integer(self.thinking_token_budget)
+                                                     and self.thinking_token_budget >= 0),
+              "thinking_token_budget", "must be an integer >= 0")
+
+    def update_from_tokenizer(self, tokenizer: Encoder) -> None:
+        """Fill ``bad_words_token_ids`` from ``bad_words`` as vLLM does: each word's tokens, and those of the word
+        after a space where that form is a different token sequence of the same length."""
+        self.bad_words_token_ids = bad_words_token_ids(tokenizer, self.bad_words)
+        self.validate()
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def bad_words_token_ids(tokenizer: Encoder, words: Sequence[str]) -> list[list[int]]:
+    """The token sequences ``words`` ban (vLLM's `SamplingParams.update_from_tokenizer`)."""
+    sequences: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip())
+        sequences.append(plain)
+        spaced = tokenizer.encode(" " + word.lstrip())
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            sequences.append(spaced)
+    return sequences

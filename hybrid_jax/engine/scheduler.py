@@ -1,12 +1,15 @@
 """The engine's scheduling, decided from request state alone (plain Python: no JAX, no device).
 
+- Scoring: a request that wants its prompt's logprobs waits in ``scoring`` (FCFS) until the engine has them,
+  then waits for admission (or, with max_tokens 0, ends).
 - Admission: FCFS; the first waiting request is admitted when a state slot and KV pages for its whole lifetime
   (prompt + max_tokens) are free. A request that can never fit is rejected at submit.
 - Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
   chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them.
 - Decode: every decoding request in one call, at the smallest batch bucket that holds them; a call chains
   after the one in flight while the requests stay the same; several steps per call only for a greedy batch
-  with nothing waiting for prefill, and only while some request still wants that many tokens.
+  (no top logprobs, no token constraints) with nothing waiting for prefill, and only while some request still
+  wants that many tokens.
 - Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
   before the next step; either frees its slot and pages.
 
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybrid_jax.engine.config import EngineConfig
-from hybrid_jax.engine.requests import QueueFullError, Request, TokenEvent
+from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
 
 if TYPE_CHECKING:
     from hybrid_jax.engine.cache import BlockAllocator
@@ -49,6 +52,7 @@ class Scheduler:
         self.page_size, self.decode_steps = page_size, decode_steps
         self.eos_token_ids = frozenset(eos_token_ids)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # submitted requests (None: a wake-up)
+        self.scoring: deque[Request] = deque()  # waiting for their prompt logprobs, before admission
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
@@ -67,7 +71,7 @@ class Scheduler:
                              f"exceeds the model's context of {self.config.max_model_len} tokens")
         if self.pages_for(total) > self.pages.capacity:
             raise ValueError(f"max_tokens: the request needs more KV pages than the cache has ({self.pages.capacity})")
-        if len(self.waiting) + self.inbox.qsize() >= self.config.max_waiting:
+        if len(self.waiting) + len(self.scoring) + self.inbox.qsize() >= self.config.max_waiting:
             raise QueueFullError(f"{self.config.max_waiting} requests are already waiting")
 
     def put(self, request: Request) -> None:
@@ -84,23 +88,37 @@ class Scheduler:
     # -- admission and finishing ---------------------------------------------------------------------
     @property
     def idle(self) -> bool:
+        """No request admitted or waiting for admission (those waiting for their prompt logprobs aside)."""
         return not (self.waiting or self.prefilling or self.decoding)
 
     def take_arrivals(self, block: bool) -> None:
-        """Move the inbox's requests to the waiting queue; ``block``: wait up to 0.5 s for the first."""
+        """Move the inbox's requests to the scoring or waiting queue; ``block``: wait up to 0.5 s for the first."""
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
-                    self.waiting.append(item)
+                    (self.scoring if item.params.prompt_logprobs is not None else self.waiting).append(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
             pass
 
+    def scored(self, r: Request, logprobs: list[PromptLogprob | None]) -> None:
+        """Record the prompt logprobs of the first request in ``scoring``; it then waits for admission, or ends
+        (max_tokens 0: nothing to generate)."""
+        self.scoring.remove(r)
+        r.prompt_logprobs = logprobs
+        r.scored.set()
+        if r.params.max_tokens == 0:
+            self.counters["prompt_tokens"] += len(r.prompt_ids)
+            self.finish(r, None, "length")
+        else:
+            self.waiting.append(r)
+
     def reap_cancelled(self) -> None:
-        for r in [r for r in self.waiting if r.cancelled]:
-            self.waiting.remove(r)
-            self.finish(r, None, "abort")
+        for group in (self.scoring, self.waiting):
+            for r in [r for r in group if r.cancelled]:
+                group.remove(r)
+                self.finish(r, None, "abort")
         for r in [r for r in self.prefilling + self.decoding if r.cancelled]:
             self.finish(r, None, "abort")
 
@@ -128,6 +146,7 @@ class Scheduler:
             self.slots.free([r.slot])
         self.pages.free(r.pages)
         r.slot, r.pages = 0, []
+        r.scored.set()  # whatever prompt logprobs it has are final
         self.counters["requests_finished"] += 1
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
@@ -139,11 +158,18 @@ class Scheduler:
         for r in self.prefilling + self.decoding:
             self.finish(r, None, "error", error=error)
 
+    def fail_scoring(self, r: Request, error: Exception) -> None:
+        """End ``r``, the request being scored, with "error" (its scoring failed)."""
+        self.scoring.remove(r)
+        self.finish(r, None, "error", error=error)
+
     def emit(self, r: Request, token: int, logprob: float, tops) -> None:
         """Record a sampled token and decide whether the request is done; ``tops``: (ids, logprobs) rows."""
         r.output_ids.append(token)
         self.counters["generation_tokens"] += 1
         p = r.params
+        if r.thinking_end is not None and token == r.thinking_end.token_id:
+            r.thinking_end = None
         reason = None
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             reason = "stop"
@@ -202,8 +228,9 @@ class Scheduler:
 
     # -- decode --------------------------------------------------------------------------------------
     def decode_greedy(self) -> bool:
-        """Whether every decoding request samples greedily without logprobs (the greedy-only programs)."""
-        return all(r.params.temperature == 0 and not r.params.logprobs for r in self.decoding)
+        """Whether every decoding request samples greedily without logprobs or token constraints (the greedy-only
+        programs)."""
+        return all(r.params.temperature == 0 and not r.params.logprobs and not r.constrained for r in self.decoding)
 
     def chained(self, previous: list[Request], previous_steps: int,
                 greedy: bool) -> tuple[list[Request], Variant] | None:
@@ -251,6 +278,6 @@ class Scheduler:
         return [(v, bucket) for bucket in buckets for v in variants]
 
     def stats(self) -> dict:
-        return {"running": len(self.prefilling) + len(self.decoding), "waiting": len(self.waiting),
+        return {"running": len(self.prefilling) + len(self.decoding), "waiting": len(self.waiting) + len(self.scoring),
                 "pages_used": self.pages.num_used, "pages_total": self.pages.capacity,
                 "slots_used": self.slots.num_used, "slots_total": self.slots.capacity}

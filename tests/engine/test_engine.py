@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import hybrid_jax
 from hybrid_jax.engine.cache import pages_for
@@ -36,10 +37,10 @@ def reference(model, prompts):
     return [greedy_generate(model, jnp.asarray([p]), GREEDY.max_tokens)[0] for p in prompts]
 
 
-def make_engine(model, *, eos_token_ids=(), **kw):
+def make_engine(model, *, eos_token_ids=(), think_token_ids=None, **kw):
     options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2)
     options.update(kw)
-    return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids).start()
+    return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids, think_token_ids=think_token_ids).start()
 
 
 def test_config_checked():
@@ -157,11 +158,13 @@ def test_pipelined_calls_across_endings_and_variant_changes(model, prompts, refe
 
 def test_chained_call_inputs_match_the_host_built_batch(model, prompts):
     """A chained call's inputs, made on the device by the call before it, are the batch the host would build
-    once it has read that call's samples: last tokens, positions and sampling steps advanced, the rest kept."""
+    once it has read that call's samples: last tokens, positions, sampling steps and output histories advanced,
+    the rest kept."""
     engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3))
     requests = []
     for i, p in enumerate(prompts[1:4]):
-        params = SamplingParams(max_tokens=20, temperature=0.5 * i, top_k=5 * i, seed=i, ignore_eos=True)
+        params = SamplingParams(max_tokens=20, temperature=0.5 * i, top_k=5 * i, seed=i, ignore_eos=True,
+                                bad_words_token_ids=[[9, 9]] if i == 2 else [])  # its output history is kept
         r = Request(f"r{i}", p, params, seed=i, output_ids=[p[-1]])
         r.slot = engine.slots.allocate(1)[0]
         r.pages = engine.pages.allocate(pages_for(r.total_len, 16))
@@ -286,6 +289,62 @@ def test_stop_token_ids_eos_and_logprobs(model, prompts, reference):
         assert events[-1].token_id == stop_id and events[-1].finish_reason == "stop"
     finally:
         engine.shutdown()
+
+
+THINK = (300, 301)  # a think block's start and end tokens
+
+
+@pytest.fixture(scope="module")
+def served(model, reference):
+    """One engine for the tests of request features: eos is the third greedy token of prompts[2]."""
+    engine = make_engine(model, eos_token_ids=(reference[2][2],), think_token_ids=THINK)
+    yield engine
+    engine.shutdown()
+
+
+def test_token_constraints_in_chained_calls(served, prompts, reference):
+    """logit_bias, a bad word (matched on the device against output the host has not read), min_tokens and the
+    thinking budget, on requests decoding together call after call."""
+    start, end = THINK
+    greedy = dict(max_tokens=10, temperature=0)
+    a, b, c = reference[1][:3]
+    handles = [
+        served.submit(prompts[0], SamplingParams(**greedy, ignore_eos=True, logit_bias={7: 100.0})),
+        served.submit(prompts[1], SamplingParams(**greedy, ignore_eos=True, bad_words_token_ids=[[b, c]])),
+        served.submit(prompts[2], SamplingParams(**greedy, min_tokens=4)),
+        served.submit(prompts[3] + [start], SamplingParams(**greedy, ignore_eos=True, thinking_token_budget=2)),
+    ]
+    biased, banned, held, thinking = map(tokens, handles)
+    assert biased == [7] * 10
+    assert banned[:2] == [a, b] and banned[2] != c
+    assert reference[2][2] not in held[:4] and held[:2] == reference[2][:2]
+    assert thinking[2] == end and end not in thinking[:2] + thinking[3:]
+    closed = tokens(served.submit(prompts[3] + [start, end], SamplingParams(**greedy, thinking_token_budget=0)))
+    assert closed[0] != end
+    with pytest.raises(ValueError, match="logit_bias"):
+        served.submit([1], SamplingParams(logit_bias={512: 1.0}))
+    with pytest.raises(ValueError, match="bad_words"):
+        served.submit([1], SamplingParams(bad_words=["x"]))  # not tokenized
+
+
+def test_prompt_logprobs_match_the_plain_model(served, model, prompts, reference):
+    ids = prompts[6]  # 20 tokens: one program (up to 32) serves both requests
+    scoring = served.submit(ids, SamplingParams(max_tokens=0, prompt_logprobs=3))
+    assert [(e.token_id, e.finish_reason) for e in scoring] == [(None, "length")]
+    got = scoring.prompt_logprobs()
+    logits = nnx.jit(lambda m, x: m(x))(model, jnp.asarray([ids]))  # [1, T, V]
+    logp = np.asarray(jax.nn.log_softmax(logits[0, :-1], axis=-1))  # [T - 1, V]
+    chosen = logp[np.arange(len(ids) - 1), ids[1:]]
+    assert got[0] is None and len(got) == len(ids)
+    np.testing.assert_allclose([g.logprob for g in got[1:]], chosen, atol=2e-4)
+    ranks = np.asarray([g.rank for g in got[1:]])  # 1 + the tokens more likely (near-ties either way)
+    assert np.all((1 + (logp > chosen[:, None] + 2e-4).sum(-1) <= ranks)
+                  & (ranks <= 1 + (logp > chosen[:, None] - 2e-4).sum(-1)))
+    assert [[i for i, _ in g.top] for g in got[1:]] == np.argsort(-logp, axis=-1)[:, :3].tolist()
+    generating = served.submit(ids, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, prompt_logprobs=0))
+    assert tokens(generating) == reference[6]
+    assert [g.logprob for g in generating.prompt_logprobs()[1:]] == [g.logprob for g in got[1:]]
+    assert served.stats()["slots_used"] == 0
 
 
 def test_requests_that_can_never_fit_are_rejected(model):

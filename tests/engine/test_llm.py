@@ -1,4 +1,5 @@
-"""The offline API: LLM.generate (text, ids, stop strings, order) and LLM.score against the model's logits."""
+"""The offline API: LLM.generate (text, ids, stop strings, order, prompt logprobs) and LLM.score against the model's
+logits."""
 
 from pathlib import Path
 
@@ -54,3 +55,12 @@ def test_score_matches_log_softmax_of_logits(llm):
         expected = np.asarray(logp[jnp.arange(len(seq) - 1), jnp.asarray(seq[1:])])
         np.testing.assert_allclose(score.logprobs, expected, atol=2e-4)
         assert score.token_ids == seq
+
+
+def test_generate_returns_prompt_logprobs_as_score_has_them(llm):
+    seq = [3, 1, 4, 1, 5, 9, 2, 6]
+    [out] = llm.generate(prompt_token_ids=[seq], sampling_params=SamplingParams(max_tokens=0, prompt_logprobs=2))
+    assert out.outputs[0].token_ids == [] and out.outputs[0].finish_reason == "length"
+    assert out.prompt_logprobs[0] is None and all(len(e) in (2, 3) for e in out.prompt_logprobs[1:])
+    np.testing.assert_allclose([e[t] for t, e in zip(seq[1:], out.prompt_logprobs[1:], strict=True)],
+                               llm.score(prompt_token_ids=[seq])[0].logprobs, atol=2e-4)

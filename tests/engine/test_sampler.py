@@ -1,20 +1,22 @@
-"""On-device sampling: filters, penalties, vocabulary masking, logprobs, seeds."""
+"""On-device sampling: filters, penalties, vocabulary masking, logprobs, seeds, token constraints."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hybrid_jax.engine.constraints import constraint_rows, no_constraints
+from hybrid_jax.engine.requests import Request, ThinkingEnd
 from hybrid_jax.engine.sampler import SamplingRows, apply_penalties, filter_logits, sample
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 
-def rows(n, **kw):
+def rows(n, constraints=None, **kw):
     base = dict(temperature=jnp.ones(n), top_k=jnp.zeros(n, jnp.int32), top_p=jnp.ones(n), min_p=jnp.zeros(n),
                 presence_penalty=jnp.zeros(n), frequency_penalty=jnp.zeros(n), repetition_penalty=jnp.ones(n),
                 seed=jnp.arange(n, dtype=jnp.uint32), step=jnp.zeros(n, jnp.int32))
     base.update({k: jnp.asarray(v) for k, v in kw.items()})
-    return SamplingRows(**base)
+    return SamplingRows(**base, constraints=no_constraints(n) if constraints is None else constraints)
 
 
 LOGITS = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]]))
@@ -88,3 +90,58 @@ def test_greedy_only_variant_matches_the_general_path():
     np.testing.assert_array_equal(fast.tokens, general.tokens)
     np.testing.assert_allclose(fast.logprob, general.logprob, rtol=1e-6)
     assert int(jnp.max(fast.tokens)) < 37
+
+
+def request(output_ids=(), **params):
+    r = Request("r", [1], SamplingParams(max_tokens=50, **params), seed=0, output_ids=list(output_ids))
+    r.min_tokens_stops = (7,) if r.params.min_tokens else ()
+    return r
+
+
+def constrained_sample(requests, logits, temperature=0.0, counts=None, step=None):
+    """Sample one row per request from ``logits`` [n, V], each row's history all its output (as a decode step
+    sees it once the runner has added the input token)."""
+    n, vocab = logits.shape
+    settings = rows(n, constraint_rows(requests, n), temperature=np.full(n, temperature, np.float32),
+                    step=np.asarray([len(r.output_ids) for r in requests] if step is None else step, np.int32))
+    counts = jnp.zeros((n, vocab), jnp.int32) if counts is None else counts
+    return sample(logits, settings, counts, counts > 0, jnp.bool_(False), vocab)
+
+
+def test_logit_bias_and_allowed_tokens():
+    logits = jnp.tile(jnp.arange(10, dtype=jnp.float32)[None] / 10, (3, 1))  # token 9 most likely
+    out = constrained_sample([request(logit_bias={2: 100.0}), request(allowed_token_ids=[1, 4, 6]),
+                              request(logit_bias={9: -100.0, 8: -100.0})], logits)
+    assert out.tokens.tolist() == [2, 6, 7]
+    raw = jax.nn.log_softmax(logits, axis=-1)  # logprobs stay the model's (vLLM's raw_logprobs)
+    np.testing.assert_allclose(out.logprob, raw[jnp.arange(3), out.tokens], rtol=1e-6)
+    drawn = constrained_sample([request(allowed_token_ids=[1, 4, 6])] * 64, jnp.zeros((64, 10)), temperature=1.0)
+    assert set(drawn.tokens.tolist()) <= {1, 4, 6} and len(set(drawn.tokens.tolist())) > 1
+
+
+def test_bad_words_ban_their_last_token_after_the_rest():
+    logits = jnp.tile(jnp.asarray([[0.0, 0.0, 0.0, 5.0, 4.0, 0.0]]), (3, 1))  # token 3 first, then 4
+    words = [[3], [2, 5, 4]]  # 3 always; 4 after the output ends with 2, 5
+    out = constrained_sample([request([1], bad_words_token_ids=words),
+                              request([2, 5], bad_words_token_ids=words),
+                              request([5, 2], bad_words_token_ids=words)], logits)
+    assert out.tokens.tolist() == [4, 0, 4]
+
+
+def test_min_tokens_hold_back_eos_and_stops_then_release_them():
+    logits = jnp.tile(jnp.asarray([[0.0] * 7 + [9.0]]), (2, 1))  # eos (7) most likely
+    early, late = request(min_tokens=3), request(min_tokens=3)
+    out = constrained_sample([early, late], logits, step=[2, 3])
+    assert out.tokens.tolist() == [0, 7]
+
+
+def test_thinking_budget_forces_the_end_token_once():
+    logits = jnp.tile(jnp.asarray([[5.0, 0.0, 0.0, -3.0]]), (3, 1))
+    end = ThinkingEnd(3, 2)
+    reqs = [request(), request(), request()]
+    for r in reqs:
+        r.thinking_end = end
+    counts = jnp.zeros((3, 4), jnp.int32).at[2, 3].set(1)  # row 2 closed its thinking already
+    out = constrained_sample(reqs, logits, temperature=1.0, counts=counts, step=[1, 2, 5])
+    assert out.tokens.tolist()[1] == 3 and out.tokens.tolist()[0] != 3 and out.tokens.tolist()[2] != 3
+    np.testing.assert_allclose(out.logprob[1], jax.nn.log_softmax(logits[1])[3], rtol=1e-6)

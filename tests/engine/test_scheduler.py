@@ -10,7 +10,7 @@ import pytest
 
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.config import EngineConfig
-from hybrid_jax.engine.requests import QueueFullError, Request
+from hybrid_jax.engine.requests import QueueFullError, Request, ThinkingEnd
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.engine.scheduler import Scheduler
 
@@ -153,6 +153,36 @@ def test_steps_per_call_several_only_for_greedy_batches_with_nothing_to_prefill(
     s.prefilled(s.prefill_chunks())
     assert s.steps_per_call(True, 10) == 3
     assert make(decode_steps=1).steps_per_call(True, 10) == 1
+
+
+def test_greedy_programs_wait_until_token_constraints_lapse():
+    s = make()
+    plain, held, thinking = decoding(s, request("plain", 4, 10), request("held", 4, 10, min_tokens=3),
+                                     request("thinking", 4, 10))
+    thinking.thinking_end = ThinkingEnd(9, after=5)
+    assert [r.constrained for r in (plain, held, thinking)] == [False, True, True] and not s.decode_greedy()
+    s.deliver([plain, held, thinking], samples([7, 7, 9]))  # the think block closes
+    assert thinking.thinking_end is None and held.constrained
+    s.deliver([plain, held, thinking], samples([7, 7, 7]))  # min_tokens reached
+    assert s.decode_greedy()
+    biased = request("biased", 4, 10, logit_bias={3: 1.0})
+    assert biased.constrained
+
+
+def test_prompt_logprob_requests_are_scored_before_admission():
+    s = make()
+    only, both, plain, gone = (request("only", 4, 0, prompt_logprobs=1), request("both", 4, 5, prompt_logprobs=0),
+                               request("plain", 4, 5), request("gone", 4, 5, prompt_logprobs=0))
+    arrive(s, only, both, plain, gone)
+    assert list(s.scoring) == [only, both, gone] and list(s.waiting) == [plain]
+    assert s.stats()["waiting"] == 4
+    s.scored(only, [None, None, None, None])
+    assert only.finished and only.scored.is_set() and [e.finish_reason for e in events(only)] == ["length"]
+    s.scored(both, [None] * 4)
+    assert list(s.waiting) == [plain, both] and both.prompt_logprobs == [None] * 4
+    s.cancel(gone)
+    s.reap_cancelled()
+    assert gone.finished and gone.scored.is_set() and gone.prompt_logprobs is None and not s.scoring
 
 
 def test_a_call_chains_while_the_requests_stay_and_none_reaches_max_tokens():

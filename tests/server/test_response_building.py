@@ -9,6 +9,7 @@ import pytest
 
 from hybrid_jax.engine.engine import TokenEvent
 from hybrid_jax.engine.output import CompletionOutput
+from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
 from server.chat import ChatWriter, ChoiceParser
 from server.completions import CompletionWriter
@@ -33,8 +34,9 @@ class FakeGeneration:
 
     def __init__(self, pieces: list[str], reason: str = "stop", stop_reason=None):
         self.pieces, self.reason, self.stop_reason = pieces, reason, stop_reason
+        prompt_logprobs = [None, PromptLogprob(-1.0, 2, [(7, -0.25), (2, -1.0)])]
         self.choice = SimpleNamespace(index=0, prompt_ids=[1, 2], output=CompletionOutput(0), tokens=[],
-                                      finished=False)
+                                      finished=False, handle=SimpleNamespace(prompt_logprobs=lambda: prompt_logprobs))
         self.choices = [self.choice]
 
     @property
@@ -68,7 +70,7 @@ def pieces(text: str, size: int = 3) -> list[str]:
 def test_message_with_reasoning_and_parallel_tool_calls():
     message = ChoiceParser(thinking=True, tools=[WEATHER, TIME], parse_tools=True, parallel_tool_calls=True) \
         .message(OUTPUT)
-    assert message["reasoning_content"] == "Let me think."
+    assert message["reasoning"] == message["reasoning_content"] == "Let me think."
     assert message["content"] == "I will check.\n"
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
     assert calls == [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]
@@ -143,18 +145,31 @@ def test_stream_logprobs_and_usage():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 2
 
 
+def test_stream_logprobs_wait_for_their_text():
+    """Text the reasoning parser holds back ("<th" may open a think block) holds its token's logprobs back too."""
+    request = chat_request(logprobs=True, stream=True)
+    chunks = stream_deltas(request, False, "<thxyz", reason="length")
+    sent = [(c["choices"][0]["delta"], [e["token"] for e in c["choices"][0]["logprobs"]["content"]])
+            for c in chunks if c["choices"][0]["logprobs"]]
+    assert sent == [({"content": "<thxyz"}, ["<100>", "<101>"])]
+
+
 def test_completion_logprobs_and_echo():
-    request = parse_completion({"prompt": "p", "logprobs": 1, "echo": True}, {})
+    request = parse_completion({"prompt": "p", "logprobs": 1, "echo": True, "prompt_logprobs": 2}, {})
+    assert request.params.prompt_logprobs == 2 and request.params_for(1, 5).prompt_logprobs is None
     generation = FakeGeneration(["ab", "c"], reason="length")
     body = CompletionWriter(request, generation, ["P!"], FakeTokenizer(), "m").response()
     [choice] = body["choices"]
     assert choice["text"] == "P!abc" and choice["finish_reason"] == "length"
     assert choice["logprobs"] == {
         "tokens": ["<1>", "<2>", "<100>", "<101>"],
-        "token_logprobs": [None, None, -0.5, -0.5],
-        "top_logprobs": [None, None, {"<100>": -0.5, "<7>": -1.5}, {"<101>": -0.5, "<7>": -1.5}],
+        "token_logprobs": [None, -1.0, -0.5, -0.5],
+        "top_logprobs": [None, {"<2>": -1.0, "<7>": -0.25}, {"<100>": -0.5, "<7>": -1.5},
+                         {"<101>": -0.5, "<7>": -1.5}],
         "text_offset": [0, 3, 6, 11],
     }
+    assert choice["prompt_logprobs"] == [None, {"2": {"logprob": -1.0, "rank": 2, "decoded_token": "<2>"},
+                                                "7": {"logprob": -0.25, "rank": 1, "decoded_token": "<7>"}}]
 
 
 def test_completion_stream_chunks():

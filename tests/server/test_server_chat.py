@@ -42,9 +42,10 @@ def test_thinking_on_and_off(server, client):
     on = client.chat.completions.create(model=server.model, messages=USER, max_tokens=6,
                                         extra_body={"chat_template_kwargs": {"enable_thinking": True}}, **GREEDY)
     message = on.choices[0].message
-    assert "reasoning_content" in message.model_extra
+    # vLLM's current name and its older one
+    assert message.model_extra["reasoning"] == message.model_extra["reasoning_content"]
     # The random model never closes its think block: everything it wrote is reasoning.
-    assert message.model_extra["reasoning_content"] or message.content
+    assert message.model_extra["reasoning"] or message.content
     off = client.chat.completions.create(model=server.model, messages=USER, max_tokens=6,
                                          extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **GREEDY)
     assert "reasoning_content" not in off.choices[0].message.model_extra
@@ -87,11 +88,45 @@ def test_streaming_chat_reasoning_deltas(server, client):
     extra = {"chat_template_kwargs": {"enable_thinking": True}}
     kwargs = dict(model=server.model, messages=USER, max_tokens=6, extra_body=extra, **GREEDY)
     chunks = list(client.chat.completions.create(stream=True, **kwargs))
-    reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
+    deltas = [c.choices[0].delta.model_extra for c in chunks]
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    reasoning = "".join(d.get("reasoning") or "" for d in deltas)
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
     whole = client.chat.completions.create(**kwargs).choices[0].message
-    assert reasoning == (whole.model_extra["reasoning_content"] or "")
+    assert reasoning == (whole.model_extra["reasoning"] or "")
     assert content == (whole.content or "")
+
+
+def test_thinking_token_budget_closes_the_think_block(server, client):
+    end = server.post("/tokenize", json={"prompt": "</think>"}).json()["tokens"]
+    extra = {"chat_template_kwargs": {"enable_thinking": True}, "thinking_token_budget": 3, "ignore_eos": True,
+             "return_tokens_as_token_ids": True}
+    out = client.chat.completions.create(model=server.model, messages=USER, max_tokens=6, logprobs=True,
+                                         extra_body=extra, **GREEDY)
+    ids = [int(e.token.removeprefix("token_id:")) for e in out.choices[0].logprobs.content]
+    assert len(end) == 1 and ids[3] == end[0] and end[0] not in ids[:3]
+    assert out.choices[0].message.model_extra["reasoning"] is not None or out.choices[0].message.content
+
+
+def test_developer_role_is_a_system_message(server, client):
+    developer = [{"role": "developer", "content": "Be brief."}, *USER]
+    prompt = server.post("/detokenize", json={"tokens": server.post(
+        "/tokenize", json={"messages": developer}).json()["tokens"]}).json()["prompt"]
+    assert prompt.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    out = client.chat.completions.create(model=server.model, messages=developer, max_tokens=2, **GREEDY)
+    assert out.usage.completion_tokens == 2
+
+
+def test_streaming_logprobs_arrive_with_their_text(server, client):
+    kwargs = dict(model=server.model, messages=USER, max_tokens=6, logprobs=True, top_logprobs=1, **GREEDY)
+    chunks = list(client.chat.completions.create(stream=True, extra_body={"ignore_eos": True}, **kwargs,
+                                                 stream_options={"include_usage": True,
+                                                                 "continuous_usage_stats": True}))
+    with_logprobs = [c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs]
+    assert all(c.delta.content or c.finish_reason for c in with_logprobs)  # never an empty delta
+    assert sum(len(c.logprobs.content) for c in with_logprobs) == 6
+    assert all(c.usage is not None for c in chunks)
+    assert [c.usage.completion_tokens for c in chunks if c.choices][0] == 0
 
 
 def test_raw_stream_ends_with_done(server):

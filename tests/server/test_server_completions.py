@@ -59,14 +59,68 @@ def test_echo_and_logprobs(server, client):
     lp = choice.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
     assert len(lp.tokens) == len(prompt_ids) + 4
-    assert lp.token_logprobs[: len(prompt_ids)] == [None] * len(prompt_ids)  # prompt logprobs: not computed
-    generated = lp.token_logprobs[len(prompt_ids):]
-    assert all(isinstance(v, float) and v <= 0 for v in generated)
-    for top, token, value in zip(lp.top_logprobs[len(prompt_ids):], lp.tokens[len(prompt_ids):], generated,
-                                 strict=True):
-        assert 1 <= len(top) <= 3 and top[token] == value  # the sampled token plus up to 2 alternatives
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token has no context
+    values = lp.token_logprobs[1:]
+    assert all(isinstance(v, float) and v <= 0 for v in values)
+    for top, token, value in zip(lp.top_logprobs[1:], lp.tokens[1:], values, strict=True):
+        assert 1 <= len(top) <= 3 and top[token] == value  # the token plus up to 2 alternatives
+    for top, value in zip(lp.top_logprobs[len(prompt_ids):], lp.token_logprobs[len(prompt_ids):], strict=True):
         assert value == max(top.values())  # greedy picks the most likely token
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+
+def test_loglikelihood_requests(server, client):
+    """lm-eval's local-completions loglikelihood: token-id prompts, echo, logprobs=1, max_tokens 1 (or 0, the
+    scoring idiom); the prompt's logprobs are the same either way, and vLLM's prompt_logprobs field agrees."""
+    context = server.post("/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
+    prompts = [context + [12095], context + [7, 8, 9]]
+    one = client.completions.create(model=server.model, prompt=prompts, max_tokens=1, logprobs=1, echo=True,
+                                    seed=1234, temperature=0.0)
+    none = client.completions.create(model=server.model, prompt=prompts, max_tokens=0, logprobs=1, echo=True,
+                                     temperature=0.0, extra_body={"prompt_logprobs": 2})
+    for full, scored, ids in zip(one.choices, none.choices, prompts, strict=True):
+        continuation = full.logprobs.token_logprobs[len(context):-1]
+        assert len(continuation) == len(ids) - len(context) and all(v <= 0 for v in continuation)
+        assert scored.logprobs.token_logprobs == full.logprobs.token_logprobs[:-1]
+        assert scored.finish_reason == "length" and scored.text == server.post(
+            "/detokenize", json={"tokens": ids}).json()["prompt"]
+        prompt_logprobs = scored.model_extra["prompt_logprobs"]
+        assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(ids)
+        for token, value, entry in zip(ids[1:], scored.logprobs.token_logprobs[1:], prompt_logprobs[1:], strict=True):
+            assert entry[str(token)]["logprob"] == value and entry[str(token)]["rank"] >= 1
+            assert len(entry) in (2, 3) and sorted(e["rank"] for e in entry.values())[0] == 1
+    assert none.usage.completion_tokens == 0 and one.usage.completion_tokens == 2
+
+
+def test_token_constraints(server, client):
+    """logit_bias, allowed_token_ids, bad_words and min_tokens, as vLLM takes them."""
+    eos = server.post("/tokenize", json={"prompt": "<|im_end|>"}).json()["tokens"]
+    word, other = (server.post("/tokenize", json={"prompt": w}).json()["tokens"][0] for w in ("hello", "world"))
+
+    def ids(max_tokens: int, temperature: float, **fields) -> list[int]:
+        out = client.completions.create(model=server.model, prompt="Constraints", max_tokens=max_tokens,
+                                        temperature=temperature, logprobs=0,
+                                        extra_body={"return_tokens_as_token_ids": True, **fields})
+        return [int(t.removeprefix("token_id:")) for t in out.choices[0].logprobs.tokens]
+
+    for temperature in (0.0, 1.0):
+        assert ids(3, temperature, logit_bias={str(other): 100}) == [other] * 3
+    assert ids(4, 1.0, allowed_token_ids=[word, other], bad_words=["hello"]) == [other] * 4
+    assert ids(8, 0.0, logit_bias={str(eos[0]): 100}, allowed_token_ids=[eos[0], other], min_tokens=3) \
+        == [other] * 3 + eos
+
+
+def test_streaming_echo_logprobs_and_continuous_usage(server, client):
+    stream = client.completions.create(model=server.model, prompt="Stream usage", max_tokens=4, echo=True,
+                                       logprobs=1, stream=True, **GREEDY,
+                                       stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = list(stream)
+    echo, usage_chunk = chunks[0], chunks[-1]
+    assert echo.choices[0].text == "Stream usage" and echo.usage.completion_tokens == 0
+    values = echo.choices[0].logprobs.token_logprobs
+    assert values[0] is None and all(isinstance(v, float) for v in values[1:])
+    assert [c.usage.completion_tokens for c in chunks[1:-1]] == [1, 2, 3, 4]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 4
 
 
 def test_stop_string(server, client):

@@ -35,6 +35,29 @@ def test_out_of_range_is_400_naming_the_field(server, field, value):
     assert_error(server.post("/v1/completions", json=body), 400, field)
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("logit_bias", {"5": 101}), ("logit_bias", {"five": 1}), ("logit_bias", {"999999999": 1}),
+    ("allowed_token_ids", []), ("allowed_token_ids", [10**9]), ("bad_words", [1]), ("min_tokens", 20),
+    ("best_of", 2), ("guided_json", {"type": "object"}), ("guided_choice", ["a"]), ("guided_regex", "a+"),
+    ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"choice": ["a"]}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("response_format", {"type": "json_object"}), ("thinking_token_budget", -1), ("prompt_logprobs", 21),
+])
+def test_unsupported_or_bad_sampling_fields_are_400(server, field, value):
+    body = {"model": server.model, "prompt": "hi", "max_tokens": 16, field: value}
+    assert_error(server.post("/v1/completions", json=body), 400, field)
+
+
+def test_scoring_fields_errors(server):
+    base = {"model": server.model, "prompt": "hi"}
+    assert_error(server.post("/v1/completions", json={**base, "max_tokens": 0}), 400, "max_tokens")
+    assert_error(server.post("/v1/completions", json={**base, "prompt_logprobs": 1, "stream": True}), 400,
+                 "prompt_logprobs")
+    assert_error(server.post("/v1/chat/completions", json={"model": server.model, "prompt_logprobs": 1,
+                                                           "messages": [{"role": "user", "content": "hi"}]}),
+                 400, "prompt_logprobs")
+
+
 def test_chat_field_errors(server):
     user = [{"role": "user", "content": "hi"}]
     cases = [
