@@ -61,6 +61,14 @@ def test_assembler_holds_back_and_cuts_at_the_stop():
     assert deltas[:3] == ["x", "x", ""]  # "c" could begin "cab": held back, never retracted
 
 
+def test_no_stop_string_ends_a_completion_before_min_tokens():
+    """As vLLM: stop strings count once more than min_tokens tokens are out (the earlier matches pass)."""
+    assembler = TextAssembler(_Chars(), SamplingParams(max_tokens=50, stop=["ab"], min_tokens=3))
+    for c in "abxab":
+        assembler.add(SimpleNamespace(token_id=ord(c), logprob=0.0, top_logprobs=None, finish_reason=None))
+    assert assembler.output.text == "abx" and assembler.output.stop_reason == "ab"
+
+
 def test_long_stop_strings_cost_linear_time():
     stop = "a" * 200_000 + "b"
     start = time.monotonic()
