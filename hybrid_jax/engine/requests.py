@@ -35,6 +35,8 @@ class Request:
     slot: int = 0
     pages: list[int] = field(default_factory=list)
     num_prefilled: int = 0
+    blocks: list = field(default_factory=list)  # the prefix cache's blocks of the prompt it holds, in order
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     cancelled: bool = False
     finished: bool = False
 
@@ -56,6 +58,11 @@ class RequestHandle:
             yield event
             if event.finish_reason is not None:
                 return
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache supplied (final once the first event arrives)."""
+        return self._request.num_cached_tokens
 
     def cancel(self) -> None:
         self._cancel(self._request)
