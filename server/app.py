@@ -90,6 +90,12 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
     def prometheus():
         return Response(metrics.render(), mimetype=CONTENT_TYPE_LATEST)
 
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache():
+        backend.require()
+        backend.engine.reset_prefix_cache()
+        return Response(status=200)
+
     @app.get("/v1/models")
     def models():
         backend.require()

@@ -34,7 +34,8 @@ def default_llm(settings: Settings):
                memory_utilization=settings.gpu_memory_utilization,
                decode_steps=settings.decode_steps, decode_sizes=settings.decode_sizes,
                compilation_cache_dir=settings.compilation_cache_dir,
-               background_compile=settings.background_compile)
+               background_compile=settings.background_compile,
+               enable_prefix_caching=settings.enable_prefix_caching)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

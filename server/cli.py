@@ -29,6 +29,8 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve_args.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
                             help="report ready once the largest decode and prefill programs are built (loaded from "
                                  "the cache or compiled) and build the rest in the background (default on)")
+    serve_args.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                            help="reuse the KV pages and GDN state of cached prompt prefixes (exact)")
     serve_args.add_argument("--request-read-timeout", type=float, default=15.0,
                             help="seconds a request's head and body may take to arrive, else 408 (slow clients)")
     serve_args.add_argument("--allowed-hosts", nargs="+", default=None,
@@ -61,6 +63,7 @@ def _serve(args: argparse.Namespace) -> None:
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         compilation_cache_dir=args.compilation_cache_dir or None,
                         background_compile=args.background_compile,
+                        enable_prefix_caching=args.enable_prefix_caching,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
                         thinking_token_budget=args.thinking_token_budget,
                         request_read_timeout=args.request_read_timeout,

@@ -140,7 +140,11 @@ class Generation:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def usage(self) -> dict[str, int]:
-        """OpenAI usage: each prompt counted once (however many samples), every sample's tokens."""
+        """OpenAI usage: each prompt counted once (however many samples), every sample's tokens; the prompt
+        tokens the prefix cache supplied, counted once per prompt (its first sample's)."""
         prompt = sum(len(ids) for ids in self.prompts)
         completion = sum(len(c.output.token_ids) for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        n = len(self.choices) // max(len(self.prompts), 1)
+        cached = sum(c.handle.num_cached_tokens for c in self.choices[::n]) if n else 0
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}

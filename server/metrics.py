@@ -48,6 +48,10 @@ class _EngineCollector:
                            get("programs_pending"))
         yield self._family(counter, "vllm:prompt_tokens", "Prefilled prompt tokens.", get("prompt_tokens"))
         yield self._family(counter, "vllm:generation_tokens", "Generated tokens.", get("generation_tokens"))
+        yield self._family(counter, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                           get("prefix_cache_queries"))
+        yield self._family(counter, "vllm:prefix_cache_hits", "Prompt tokens the prefix cache supplied.",
+                           get("prefix_cache_hits"))
 
 
 class ServerMetrics:

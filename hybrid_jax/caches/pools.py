@@ -4,7 +4,8 @@ Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, 
 state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of the last raw columns,
 position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
 padded rows of a fixed-shape batch read and write there. The slots also hold each request's token statistics
-for the sampling penalties.
+for the sampling penalties. The prefix cache's snapshot pool holds copies of a slot's GDN state and prompt
+mask (snapshot 0 null too).
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ def pool_specs(config: Qwen35Config, *, num_pages: int, page_size: int, num_slot
     return {"layers": layers,
             "output_counts": PoolSpec((num_slots, vocab), jnp.int32, WHOLE),
             "prompt_mask": PoolSpec((num_slots, vocab), jnp.bool_, WHOLE)}
+
+
+def snapshot_specs(config: Qwen35Config, *, num_snapshots: int, dtype, vocab: int) -> dict:
+    """The snapshot pool: {"layers": per-layer {"conv", "state"} (GDN layers) or {} (attention), "prompt_mask":
+    [snapshots, V] bool}, each a `PoolSpec` shaped as the slot pool's with ``num_snapshots`` rows."""
+    slots = pool_specs(config, num_pages=1, page_size=1, num_slots=num_snapshots, dtype=dtype, vocab=vocab)
+    layers = [{} if t == FULL_ATTENTION else layer for t, layer in zip(config.layer_types, slots["layers"],
+                                                                         strict=True)]
+    return {"layers": layers, "prompt_mask": slots["prompt_mask"]}
 
 
 def is_pool_spec(x) -> bool:

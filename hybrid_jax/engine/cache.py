@@ -20,6 +20,7 @@ class CacheLayout:
     page_size: int
     num_slots: int  # including the null slot 0
     max_pages_per_seq: int
+    num_snapshots: int = 0  # GDN state snapshots of the prefix cache, including the null snapshot 0 (0: none)
 
 
 def slot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
@@ -28,6 +29,11 @@ def slot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
     per_layer = c.linear_conv_kernel_dim * c.conv_dim * jnp.dtype(dtype).itemsize
     per_layer += c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
     return per_layer * len(c.linear_layers) + vocab * 5
+
+
+def snapshot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
+    """Device bytes one state snapshot takes: a slot's GDN conv + recurrent state and its prompt mask."""
+    return slot_bytes(config, dtype, vocab) - vocab * 4
 
 
 def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
@@ -78,17 +84,24 @@ def device_memory_bytes() -> int | None:
 
 def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
                 memory_utilization: float, num_pages: int | None = None, tp: int = 1,
-                reserved_bytes: int = 0) -> CacheLayout:
+                reserved_bytes: int = 0, snapshot_share: float = 0.0,
+                num_snapshots: int | None = None) -> CacheLayout:
     """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains
-    (``reserved_bytes``: memory still to be taken, by weights not loaded yet).
+    (``reserved_bytes``: memory still to be taken, by weights not loaded yet), less ``snapshot_share`` of it
+    for the prefix cache's state snapshots (0: no snapshot pool).
 
     Without a device memory figure (CPU) or with ``num_pages`` given, the KV pool holds ``num_pages``
-    (default: enough for every slot to reach ``max_model_len``).
+    (default: enough for every slot to reach ``max_model_len``) and the snapshot pool ``num_snapshots``
+    (default: 4 per slot).
     """
     max_pages_per_seq = -(-max_model_len // page_size)
     num_slots = max_batch + 1
+    free = device_memory_bytes() if num_pages is None or num_snapshots is None else None
+    if snapshot_share <= 0:
+        num_snapshots = 0
+    elif num_snapshots is None and (free is None or num_pages is not None):
+        num_snapshots = 4 * max_batch + 1
     if num_pages is None:
-        free = device_memory_bytes()
         if free is None:
             num_pages = max_batch * max_pages_per_seq + 1
         else:
@@ -96,12 +109,15 @@ def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_
             budget = (free - reserved_bytes) * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
             per_page = page_bytes(config, dtype, page_size) * max(config.num_key_value_heads, tp) / \
                 (config.num_key_value_heads * tp)
+            if num_snapshots is None:
+                num_snapshots = int(budget * snapshot_share // (snapshot_bytes(config, dtype, vocab) / tp)) + 1
+            budget -= (num_snapshots - 1) * snapshot_bytes(config, dtype, vocab) / tp if num_snapshots else 0
             num_pages = int(budget // per_page)
             if num_pages < max_pages_per_seq + 1:
                 raise MemoryError(f"after {num_slots} state slots, memory for only {num_pages} KV pages of "
                                   f"{page_size} tokens remains; lower max_batch or max_model_len")
     return CacheLayout(num_pages=int(num_pages), page_size=page_size, num_slots=num_slots,
-                       max_pages_per_seq=max_pages_per_seq)
+                       max_pages_per_seq=max_pages_per_seq, num_snapshots=int(num_snapshots))
 
 
 def pages_for(tokens: int, page_size: int) -> int:

@@ -24,12 +24,23 @@ class EngineConfig:
     # not): fewer bounds the autotuner's scratch memory and the warm-up's CPU load
     background_compile: bool = False  # build only the programs that serve any request before start returns (the
     # largest decode and prefill buckets), the rest in a background thread after it
+    enable_prefix_caching: bool = True  # share the KV pages and GDN state of cached prompt prefixes (exact)
+    prefix_block: int = 64  # tokens of a cached block: a multiple of page_size and of the GDN chunk (64)
+    snapshot_stride: int = 4  # a GDN state snapshot every this many blocks (and at a prompt's last full block)
+    snapshot_share: float = 0.1  # share of the KV pool's memory given to state snapshots (device memory known)
+    num_snapshots: int | None = None  # state snapshots (incl. the null one); None: from snapshot_share, or
+    # 4 * max_batch without a device memory figure (CPU)
 
     def __post_init__(self):
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
             raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads: must be at least 1, got {self.compile_threads}")
+        if self.prefix_block % self.page_size or self.prefix_block % 64:
+            raise ValueError(f"prefix_block: must be a multiple of page_size={self.page_size} and of the GDN chunk "
+                             f"64, got {self.prefix_block}")
+        if self.snapshot_stride < 1:
+            raise ValueError(f"snapshot_stride: must be at least 1, got {self.snapshot_stride}")
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:

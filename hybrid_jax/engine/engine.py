@@ -18,6 +18,7 @@ import numpy as np
 
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.prefix_cache import PrefixCache
 from hybrid_jax.engine.requests import QueueFullError, Request, RequestHandle, ThinkingEnd, TokenEvent
 from hybrid_jax.engine.runner import DecodeCall, FirstTokens, Runner, host_samples
 from hybrid_jax.engine.sampling_params import MAX_MIN_TOKENS_STOPS, SamplingParams
@@ -44,9 +45,17 @@ class Engine:
         self.think_token_ids = think_token_ids
         self.runner = Runner(model, config, valid_vocab=valid_vocab, executable_dir=executable_dir)
         layout = self.runner.layout
-        self.scheduler = Scheduler(config, BlockAllocator(layout.num_slots), BlockAllocator(layout.num_pages),
-                                   page_size=layout.page_size, decode_steps=self.runner.decode_steps,
-                                   eos_token_ids=eos_token_ids)
+        pages = BlockAllocator(layout.num_pages)
+        prefix = None
+        if layout.num_snapshots:
+            prefix = PrefixCache(config.prefix_block, layout.page_size, pages, BlockAllocator(layout.num_snapshots),
+                                 config.snapshot_stride)
+        log.info("prefix caching: %s", f"on, blocks of {config.prefix_block} tokens, {layout.num_snapshots - 1} "
+                 f"state snapshots (every {config.snapshot_stride} blocks)" if prefix is not None else "off")
+        self.scheduler = Scheduler(config, BlockAllocator(layout.num_slots), pages, page_size=layout.page_size,
+                                   decode_steps=self.runner.decode_steps, eos_token_ids=eos_token_ids,
+                                   prefix=prefix)
+        self._reset_prefix = threading.Event()  # a reset of the prefix cache the engine thread has yet to do
         self.runner.scorer.on_built = self.scheduler.wake
         self._inflight: DecodeCall | None = None
         self._first: FirstTokens | None = None
@@ -122,6 +131,11 @@ class Engine:
         if self._thread:
             self._thread.join(timeout=30)
 
+    def reset_prefix_cache(self) -> None:
+        """Evict every cached prefix block no request holds (on the engine thread, before its next step)."""
+        self._reset_prefix.set()
+        self.scheduler.wake()
+
     def stats(self) -> dict:
         return {**self.scheduler.stats(), "programs_pending": self.runner.programs.pending,
                 **self.scheduler.counters}
@@ -167,9 +181,12 @@ class Engine:
         while not self._stop.is_set():
             s.take_arrivals(block=s.idle and not self._can_score())
             s.reap_cancelled()
+            if self._reset_prefix.is_set():
+                self._reset_prefix.clear()
+                s.reset_prefix_cache()
             self._score()
-            s.admit()
             try:
+                self.runner.restore_snapshots(s.admit())
                 if s.prefilling:
                     self._prefill()
                 if s.decoding or self._inflight:
@@ -204,6 +221,7 @@ class Engine:
         chunks = self.scheduler.prefill_chunks()
         sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks))
         done, rows = self.scheduler.prefilled(chunks)
+        self.runner.save_snapshots(self.scheduler.cache_prefilled(chunks))
         if done:  # read by `_decode`, after it queues the first decode call over them
             self._first = FirstTokens(done, rows, sampled)
 

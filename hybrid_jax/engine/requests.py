@@ -51,6 +51,8 @@ class Request:
     slot: int = 0
     pages: list[int] = field(default_factory=list)
     num_prefilled: int = 0
+    blocks: list = field(default_factory=list)  # the prefix cache's blocks of the prompt it holds, in order
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     cancelled: bool = False
     finished: bool = False
     min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens
@@ -92,6 +94,11 @@ class RequestHandle:
             return None
         self._request.scored.wait()
         return self._request.prompt_logprobs
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache supplied (final once the first event arrives)."""
+        return self._request.num_cached_tokens
 
     def cancel(self) -> None:
         self._cancel(self._request)

@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.caches.paged import PagedKernels
-from hybrid_jax.caches.pools import is_pool_spec, pool_specs
+from hybrid_jax.caches.pools import is_pool_spec, pool_specs, snapshot_specs
 from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.constraints import constraint_rows
@@ -33,7 +33,15 @@ from hybrid_jax.engine.prompt_logprobs import PromptScorer
 from hybrid_jax.engine.requests import PromptLogprob, Request
 from hybrid_jax.engine.sampler import Sampled, SamplingRows
 from hybrid_jax.engine.scheduler import Variant
-from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch, decode_step, multi_decode_step, prefill_step
+from hybrid_jax.engine.steps import (
+    DecodeBatch,
+    PrefillBatch,
+    decode_step,
+    multi_decode_step,
+    prefill_step,
+    restore_snapshots,
+    save_snapshots,
+)
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
 
@@ -104,12 +112,17 @@ class Runner:
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages,
-                                  tp=config.tensor_parallel_size, reserved_bytes=unloaded)
+                                  tp=config.tensor_parallel_size, reserved_bytes=unloaded,
+                                  snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
+                                  num_snapshots=config.num_snapshots)
         shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
+        self._snapshot_shapes, self._snapshot_shardings = self._snapshot_layout()
         self.pools = allocate_pools(shapes, self._pool_shardings)
+        self.snapshots = self._allocate_snapshots()
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if self.mesh is None else 1
         self._prefill, self._decode = self._jit_steps()
+        self._save, self._restore = self._jit_snapshot_copies()
         self._take_first_tokens = jax.jit(take_first_tokens)
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
@@ -143,6 +156,32 @@ class Runner:
             return shapes, None, None
         pools = jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
         return shapes, pools, NamedSharding(self.mesh, PartitionSpec())
+
+    def _snapshot_layout(self) -> tuple[dict | None, dict | None]:
+        """The snapshot pool's shapes and shardings (None without a snapshot pool; shardings None without a mesh)."""
+        if not self.layout.num_snapshots:
+            return None, None
+        config = self.model.config
+        specs = snapshot_specs(config, num_snapshots=self.layout.num_snapshots, dtype=self.model.dtype,
+                               vocab=config.vocab_size)
+        shapes = jax.tree.map(lambda p: p.struct(), specs, is_leaf=is_pool_spec)
+        if self.mesh is None:
+            return shapes, None
+        return shapes, jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
+
+    def _allocate_snapshots(self) -> dict | None:
+        if self._snapshot_shapes is None:
+            return None
+        return allocate_pools(self._snapshot_shapes, self._snapshot_shardings)
+
+    def _jit_snapshot_copies(self) -> tuple:
+        """The jitted snapshot copies (slots -> snapshots, snapshots -> slots), each donating what it writes."""
+        save_kw, restore_kw = dict(donate_argnums=1), dict(donate_argnums=0)
+        if self.mesh is not None:
+            ins = (self._pool_shardings, self._snapshot_shardings, self._batch_sharding, self._batch_sharding)
+            save_kw = dict(save_kw, in_shardings=ins, out_shardings=self._snapshot_shardings)
+            restore_kw = dict(restore_kw, in_shardings=ins, out_shardings=self._pool_shardings)
+        return jax.jit(save_snapshots, **save_kw), jax.jit(restore_snapshots, **restore_kw)
 
     def _jit_steps(self) -> tuple:
         """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
@@ -197,7 +236,8 @@ class Runner:
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
-        ("first_tokens", B), essential ones first: the general decode at the largest batch and the largest
+        ("first_tokens", B) | ("snapshot_save", S) | ("snapshot_restore", S) (with a snapshot pool), essential
+        ones first: the general decode at the largest batch and the largest
         prefill serve any request; the rest, smallest buckets first, only make some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
         # from the compiled one's.
@@ -222,6 +262,13 @@ class Runner:
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
                                                  (weights, pools, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
+        if self.snapshots is not None:
+            snapshots = jax.tree.map(shape_of, self.snapshots)
+            pairs = (rows(self.config.max_prefill_seqs),) * 2
+            specs["snapshot_save", self.config.max_prefill_seqs] = ProgramSpec(
+                "snapshot save", self._save, (pools, snapshots, *pairs), essential=True)
+            specs["snapshot_restore", self.config.max_prefill_seqs] = ProgramSpec(
+                "snapshot restore", self._restore, (pools, snapshots, *pairs), essential=True)
         # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
         order = lambda key: (not specs[key].essential, key[-1], key[0] != "decode", -key[2] if key[0] == "decode"
                              else 0)
@@ -243,7 +290,7 @@ class Runner:
 
     def release(self) -> None:
         """Free the pools of a runner that will not start (their device memory goes back at once)."""
-        self.pools = None
+        self.pools = self.snapshots = None
 
     def prepare_programs(self) -> None:
         """Load or compile the programs start needs; only their shapes are read, so this may run while the
@@ -257,10 +304,11 @@ class Runner:
         missing = [k for k in wanted if programs.get(k) is None]
         if missing:
             shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
-            self.pools = None
+            self.pools = self.snapshots = None
             seconds = programs.compile_missing(missing, threads, "compiling programs")
             log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
             self.pools = allocate_pools(shapes, self._pool_shardings)
+            self.snapshots = self._allocate_snapshots()
         self._prepared = True
 
     def warmup(self) -> None:
@@ -283,6 +331,8 @@ class Runner:
                 if key[0] == "first_tokens":
                     compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
                              np.full(key[1], -1, np.int32))
+                elif key[0].startswith("snapshot_"):
+                    self._copy_snapshots(key[0], [])
                 else:
                     _, *_, self.pools = compiled(self.weights, self.pools, args[2])
             jax.block_until_ready(self.pools)
@@ -436,6 +486,32 @@ class Runner:
     def score_prompt(self, prompt_ids: list[int], top_n: int) -> list[PromptLogprob | None] | None:
         """The prompt's logprobs (see `PromptScorer.score`); None while their program is being built."""
         return self.scorer.score(self.weights, prompt_ids, top_n)
+
+    def save_snapshots(self, pairs: list[tuple[int, int]]) -> None:
+        """Queue copies of each (slot, snapshot)'s slot state into the snapshot, after the steps queued so far."""
+        if pairs:
+            self._copy_snapshots("snapshot_save", pairs)
+
+    def restore_snapshots(self, pairs: list[tuple[int, int]]) -> None:
+        """Queue copies of each (slot, snapshot)'s snapshot into the slot, before the steps queued after."""
+        if pairs:
+            self._copy_snapshots("snapshot_restore", pairs)
+
+    def _copy_snapshots(self, kind: str, pairs: list[tuple[int, int]]) -> None:
+        """Run ``kind``'s copy program over ``pairs``, ``max_prefill_seqs`` at a time (once over padding when none)."""
+        size = self.config.max_prefill_seqs
+        program = self.program((kind, size))
+        for start in range(0, max(len(pairs), 1), size):
+            group = pairs[start: start + size]
+            slot_ids, snapshot_ids = np.zeros(size, np.int32), np.zeros(size, np.int32)
+            for i, (slot, snapshot) in enumerate(group):
+                slot_ids[i], snapshot_ids[i] = slot, snapshot
+            if kind == "snapshot_save":
+                self.snapshots = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
+            else:
+                self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
+            if group:
+                self.runs[kind, size] += 1
 
     @staticmethod
     def read(call: DecodeCall) -> list[Sampled]:

@@ -3,15 +3,20 @@
 - Scoring: a request that wants its prompt's logprobs waits in ``scoring`` (FCFS) until the engine has them,
   then waits for admission (or, with max_tokens 0, ends).
 - Admission: FCFS; the first waiting request is admitted when a state slot and KV pages for its whole lifetime
-  (prompt + max_tokens) are free. A request that can never fit is rejected at submit.
+  (prompt + max_tokens) are free, less the pages of its prompt's cached prefix (the prefix cache evicts unused
+  blocks to free pages). A request that can never fit is rejected at submit.
+- Prefix cache (`prefix_cache`): a request admitted on a hit holds the cached blocks, starts its prefill at
+  their end and has its slot restored from their snapshot; each full prompt block it prefills is cached after
+  the step that completes it, and a snapshot of its slot is taken at the boundaries the cache wants one.
 - Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
-  chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them.
+  chunks under the ``prefill_chunk`` token budget (a chunk ends at the next snapshot boundary), at the
+  smallest token bucket that holds them.
 - Decode: every decoding request in one call, at the smallest batch bucket that holds them; a call chains
   after the one in flight while the requests stay the same; several steps per call only for a greedy batch
   (no top logprobs, no token constraints) with nothing waiting for prefill, and only while some request still
   wants that many tokens.
 - Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
-  before the next step; either frees its slot and pages.
+  before the next step; either frees its slot and the pages the cache does not own, and drops its blocks.
 
 The engine hands the scheduler host copies of the samples; the runner's device work is not seen here.
 """
@@ -27,6 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.prefix_cache import ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
 
 if TYPE_CHECKING:
@@ -45,9 +51,10 @@ class Scheduler:
     the engine thread."""
 
     def __init__(self, config: EngineConfig, slots: BlockAllocator, pages: BlockAllocator, *, page_size: int,
-                 decode_steps: int, eos_token_ids: Sequence[int] = ()):
+                 decode_steps: int, eos_token_ids: Sequence[int] = (), prefix: PrefixCache | None = None):
         """``slots``, ``pages``: allocators of the pools' state slots and KV pages; ``decode_steps``: the most
-        decode steps a call may run (the runner's: 1 under a mesh)."""
+        decode steps a call may run (the runner's: 1 under a mesh); ``prefix``: the prefix cache (None: off),
+        over ``pages``."""
         self.config, self.slots, self.pages = config, slots, pages
         self.page_size, self.decode_steps = page_size, decode_steps
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -56,7 +63,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
-        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0}
+        self.prefix = prefix
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
+                         "prefix_cache_queries": 0, "prefix_cache_hits": 0}
 
     def pages_for(self, tokens: int) -> int:
         """KV pages that hold ``tokens`` tokens."""
@@ -122,17 +131,35 @@ class Scheduler:
         for r in [r for r in self.prefilling + self.decoding if r.cancelled]:
             self.finish(r, None, "abort")
 
-    def admit(self) -> None:
-        """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free."""
-        while self.waiting:
+    def admit(self) -> list[tuple[int, int]]:
+        """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free (cached prefix
+        pages shared, unused cached blocks evicted for room). Returns the (slot, snapshot) restores the admitted
+        hits need before their first prefill step."""
+        restores = []
+        while self.waiting and self.slots.num_free:
             r = self.waiting[0]
-            need = self.pages_for(r.total_len)
-            if self.slots.num_free == 0 or self.pages.num_free < need:
-                return
+            hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
+            shared = [p for block in hit for p in block.pages]
+            need = self.pages_for(r.total_len) - len(shared)
+            if self.prefix is not None:
+                self.prefix.acquire(hit)
+                if not self.prefix.make_room(need):
+                    self.prefix.release(hit)
+                    break
+            elif self.pages.num_free < need:
+                break
             self.waiting.popleft()
             r.slot = self.slots.allocate(1)[0]
-            r.pages = self.pages.allocate(need)
+            r.pages = shared + self.pages.allocate(need)
+            r.blocks = hit
+            r.num_prefilled = r.num_cached_tokens = len(shared) * self.page_size
+            if hit:
+                restores.append((r.slot, hit[-1].snapshot))
+            if self.prefix is not None:
+                self.counters["prefix_cache_queries"] += len(r.prompt_ids)
+                self.counters["prefix_cache_hits"] += r.num_cached_tokens
             self.prefilling.append(r)
+        return restores
 
     def finish(self, r: Request, token: int | None, reason: str, error: Exception | None = None) -> None:
         """End ``r`` and free its slot and pages; ``token`` None: send a final event without a token."""
@@ -144,8 +171,13 @@ class Scheduler:
                 group.remove(r)
         if r.slot:
             self.slots.free([r.slot])
-        self.pages.free(r.pages)
-        r.slot, r.pages = 0, []
+        if r.blocks:
+            cached = {p for block in r.blocks for p in block.pages}
+            self.prefix.release(r.blocks)
+            self.pages.free([p for p in r.pages if p not in cached])
+        else:
+            self.pages.free(r.pages)
+        r.slot, r.pages, r.blocks = 0, [], []
         r.scored.set()  # whatever prompt logprobs it has are final
         self.counters["requests_finished"] += 1
         if error is not None:
@@ -200,7 +232,10 @@ class Scheduler:
         budget = self.config.prefill_chunk
         chunks: list[tuple[Request, int]] = []
         for r in self.prefilling[: self.config.max_prefill_seqs]:
-            n = min(len(r.prompt_ids) - r.num_prefilled, budget)
+            end = len(r.prompt_ids)
+            if self.prefix is not None:
+                end = self.prefix.next_cut(r.num_prefilled, end)
+            n = min(end - r.num_prefilled, budget)
             if n <= 0:
                 break
             chunks.append((r, n))
@@ -225,6 +260,32 @@ class Scheduler:
                 done.append(r)
                 rows.append(s)
         return done, rows
+
+    def cache_prefilled(self, chunks: list[tuple[Request, int]]) -> list[tuple[int, int]]:
+        """After `prefilled` over ``chunks``: cache the prompt blocks the step completed (each request holds
+        them) and return the (slot, snapshot) copies to queue after the step, for the requests whose chunk
+        ended at a boundary the cache wants a snapshot of."""
+        saves = []
+        if self.prefix is None:
+            return saves
+        block_size, per_block = self.prefix.block_size, self.prefix.pages_per_block
+        for r, _ in chunks:
+            if r.finished:
+                continue
+            for index in range(len(r.blocks), r.num_prefilled // block_size):
+                parent = r.blocks[-1].block_id if r.blocks else ROOT
+                pages = r.pages[index * per_block: (index + 1) * per_block]
+                r.blocks.append(self.prefix.add(parent, r.prompt_ids, index, pages)[0])
+            boundary = len(r.blocks) * block_size
+            if r.blocks and boundary == r.num_prefilled and self.prefix.snapshot_wanted(boundary, len(r.prompt_ids)):
+                snapshot = self.prefix.take_snapshot(r.blocks[-1])
+                if snapshot:
+                    saves.append((r.slot, snapshot))
+        return saves
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached block no request holds; True when the cache is empty after."""
+        return self.prefix.reset() if self.prefix is not None else True
 
     # -- decode --------------------------------------------------------------------------------------
     def decode_greedy(self) -> bool:
@@ -278,6 +339,9 @@ class Scheduler:
         return [(v, bucket) for bucket in buckets for v in variants]
 
     def stats(self) -> dict:
+        # Pages of cached blocks no request holds count as free (evicted on demand), as vLLM counts them.
+        evictable = self.prefix.evictable_pages if self.prefix is not None else 0
         return {"running": len(self.prefilling) + len(self.decoding), "waiting": len(self.waiting) + len(self.scoring),
-                "pages_used": self.pages.num_used, "pages_total": self.pages.capacity,
-                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity}
+                "pages_used": self.pages.num_used - evictable, "pages_total": self.pages.capacity,
+                "slots_used": self.slots.num_used, "slots_total": self.slots.capacity,
+                **(self.prefix.stats() if self.prefix is not None else {})}

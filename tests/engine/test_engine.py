@@ -184,7 +184,8 @@ def test_chained_call_inputs_match_the_host_built_batch(model, prompts):
 def test_first_call_inputs_take_prefills_samples_on_the_device(model, prompts):
     """The first decode call after a prefill takes the prompts' first tokens from prefill's output on the
     device: its batch is the one the host builds once it has read them (tokens, positions, sampling steps)."""
-    engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3))
+    engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, decode_steps=3,
+                                        enable_prefix_caching=False))  # each prompt in one chunk
     requests = [Request(f"r{i}", p, SamplingParams(max_tokens=20, temperature=0.5 * i, seed=i, ignore_eos=True),
                         seed=i) for i, p in enumerate(prompts[4:7])]
     scheduler, runner = engine.scheduler, engine.runner

@@ -1,0 +1,175 @@
+"""Exact prefix caching (plain Python: no JAX, no device): which prompt blocks' KV pages and GDN state
+snapshots are cached, who holds them, and what is evicted when the pools run short.
+
+A block is ``block_size`` prompt tokens at a multiple of ``block_size``; it is keyed by its parent block and
+its own tokens, so a key names every token up to the block's end and a lookup compares tokens, never a hash
+alone. A block owns the KV pages that cover it (read-only while cached: a request writes KV only at positions
+past the blocks it holds) and, at some boundaries, a snapshot (the GDN conv ring, recurrent state and prompt
+mask of a slot right after the block's last token). Requests hold the blocks of their prompt (refcounts);
+blocks no request holds stay cached in LRU order and are evicted, descendants with them, when pages or
+snapshots run short.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybrid_jax.engine.cache import BlockAllocator
+
+ROOT = 0  # the parent id of a prompt's first block
+
+
+@dataclass
+class Block:
+    block_id: int
+    key: tuple  # (parent block id, tokens of the block)
+    pages: list[int]
+    snapshot: int = 0  # snapshot id (0: none)
+    refs: int = 0
+    children: set[int] = field(default_factory=set)
+
+
+class PrefixCache:
+    """The cached blocks of the prompts seen, their page and snapshot ids taken from the engine's allocators."""
+
+    def __init__(self, block_size: int, page_size: int, pages: BlockAllocator, snapshots: BlockAllocator,
+                 snapshot_stride: int = 1):
+        if block_size % page_size:
+            raise ValueError(f"prefix block: {block_size} tokens is not a multiple of the page size {page_size}")
+        self.block_size, self.pages_per_block = block_size, block_size // page_size
+        self.pages, self.snapshots, self.snapshot_stride = pages, snapshots, snapshot_stride
+        self.blocks: dict[int, Block] = {}
+        self.by_key: dict[tuple, int] = {}
+        self.unused: OrderedDict[int, None] = OrderedDict()  # unreferenced blocks, least recently used first
+        self._next_id = 1
+
+    # -- lookup --------------------------------------------------------------------------------------
+    def key(self, parent: int, tokens: list[int], index: int) -> tuple:
+        b = self.block_size
+        return parent, tuple(tokens[index * b: (index + 1) * b])
+
+    def match(self, tokens: list[int]) -> list[Block]:
+        """The cached blocks of ``tokens``' longest cached chain of full blocks."""
+        chain, parent = [], ROOT
+        for index in range(len(tokens) // self.block_size):
+            block_id = self.by_key.get(self.key(parent, tokens, index))
+            if block_id is None:
+                break
+            chain.append(self.blocks[block_id])
+            parent = block_id
+        return chain
+
+    def hit(self, tokens: list[int]) -> list[Block]:
+        """The blocks a request for ``tokens`` reuses: the longest cached chain ending at a snapshot that leaves
+        at least the last token to compute (its logits)."""
+        chain = self.match(tokens[:-1])
+        while chain and not chain[-1].snapshot:
+            chain.pop()
+        return chain
+
+    def snapshot_wanted(self, boundary: int, prompt_len: int) -> bool:
+        """Whether the state after position ``boundary`` (a block multiple) of a prompt is snapshotted: every
+        ``snapshot_stride``-th block boundary and the prompt's last full block boundary."""
+        if boundary <= 0 or boundary % self.block_size:
+            return False
+        blocks = boundary // self.block_size
+        return blocks % self.snapshot_stride == 0 or blocks == prompt_len // self.block_size
+
+    def next_cut(self, start: int, prompt_len: int) -> int:
+        """The first snapshot boundary past ``start`` (at most the prompt's end): a prefill chunk ends there."""
+        b = self.block_size
+        boundary = (start // b + 1) * b
+        while boundary <= prompt_len:
+            if self.snapshot_wanted(boundary, prompt_len):
+                return boundary
+            boundary += b
+        return prompt_len
+
+    # -- holding -------------------------------------------------------------------------------------
+    def acquire(self, blocks: list[Block]) -> None:
+        for block in blocks:
+            block.refs += 1
+            self.unused.pop(block.block_id, None)
+
+    def release(self, blocks: list[Block]) -> None:
+        """Drop a request's hold on its chain; blocks no one holds become evictable, the deepest first."""
+        for block in reversed(blocks):
+            block.refs -= 1
+            if block.refs == 0:
+                self.unused[block.block_id] = None
+
+    def add(self, parent: int, tokens: list[int], index: int, pages: list[int]) -> tuple[Block, bool]:
+        """Cache block ``index`` of ``tokens`` (after ``parent``) over ``pages``, held once by the caller; an
+        already cached block with that key is held instead. Returns the block and whether ``pages`` became
+        its pages (the cache's from now on)."""
+        key = self.key(parent, tokens, index)
+        block_id = self.by_key.get(key)
+        if block_id is not None:
+            block = self.blocks[block_id]
+            self.acquire([block])
+            return block, False
+        block = Block(self._next_id, key, list(pages), refs=1)
+        self._next_id += 1
+        self.blocks[block.block_id] = block
+        self.by_key[key] = block.block_id
+        if parent != ROOT:
+            self.blocks[parent].children.add(block.block_id)
+        return block, True
+
+    def take_snapshot(self, block: Block) -> int:
+        """A snapshot id for the state at ``block``'s end (evicting unused blocks for one), or 0 when it has
+        one already or none can be freed."""
+        if block.snapshot:
+            return 0
+        while self.snapshots.num_free == 0:
+            victim = next((i for i in self.unused if self._holds_snapshot(i)), None)
+            if victim is None:
+                return 0
+            self._evict(victim)
+        block.snapshot = self.snapshots.allocate(1)[0]
+        return block.snapshot
+
+    def _holds_snapshot(self, block_id: int) -> bool:
+        block = self.blocks[block_id]
+        return bool(block.snapshot) or any(self._holds_snapshot(c) for c in block.children)
+
+    # -- eviction ------------------------------------------------------------------------------------
+    def make_room(self, pages: int) -> bool:
+        """Evict unused blocks, least recently used first, until ``pages`` pages are free; False if they cannot be."""
+        while self.pages.num_free < pages and self.unused:
+            self._evict(next(iter(self.unused)))
+        return self.pages.num_free >= pages
+
+    def _evict(self, block_id: int) -> None:
+        """Drop an unreferenced block and its descendants (unreferenced too: a holder of a block holds its
+        ancestors), freeing their pages and snapshots."""
+        block = self.blocks.pop(block_id)
+        for child in list(block.children):
+            self._evict(child)
+        del self.by_key[block.key]
+        self.unused.pop(block_id)
+        parent = block.key[0]
+        if parent != ROOT and parent in self.blocks:
+            self.blocks[parent].children.discard(block_id)
+        self.pages.free(block.pages)
+        if block.snapshot:
+            self.snapshots.free([block.snapshot])
+
+    def reset(self) -> bool:
+        """Evict every unused block; True when the cache is empty after (no request holds a block)."""
+        while self.unused:
+            self._evict(next(iter(self.unused)))
+        return not self.blocks
+
+    @property
+    def evictable_pages(self) -> int:
+        """Pages of the blocks no request holds."""
+        return sum(len(self.blocks[i].pages) for i in self.unused)
+
+    def stats(self) -> dict:
+        return {"prefix_blocks": len(self.blocks), "prefix_blocks_unused": len(self.unused),
+                "prefix_pages": sum(len(b.pages) for b in self.blocks.values()),
+                "snapshots_used": self.snapshots.num_used, "snapshots_total": self.snapshots.capacity}

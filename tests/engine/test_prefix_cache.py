@@ -1,0 +1,145 @@
+"""Prefix caching in the engine: greedy tokens and logprobs identical to the cache off, for shared prefixes of
+several lengths and chunkings, concurrent hits, eviction under memory pressure, the reset, tensor parallelism."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hybrid_jax
+from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.sampling_params import SamplingParams
+
+GOLDEN = Path(__file__).parent.parent / "fixtures" / "golden" / "causal_grouped"
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+BASE = np.random.default_rng(0).integers(0, 512, 300).tolist()
+OTHER = np.random.default_rng(1).integers(0, 512, 300).tolist()
+# Shared prefixes inside a block (100), on a boundary (128, 129), past several chunks (257), diverging mid-block.
+PROMPTS = [BASE[:200], BASE[:64] + [5, 6, 7], BASE[:128], BASE[:129], BASE[:100] + [1, 2], BASE[:257],
+           BASE[:150] + [(t + 1) % 512 for t in BASE[150:190]], BASE[:200] + [9]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hybrid_jax.load_pretrained(GOLDEN, "float32")
+
+
+def make_engine(model, **kw):
+    options = dict(max_batch=4, max_model_len=512, page_size=16, prefill_chunk=64, max_prefill_seqs=2)
+    options.update(kw)
+    return Engine(model, EngineConfig(**options)).start()
+
+
+def result(handle):
+    events = list(handle)
+    assert events[-1].finish_reason == "length"
+    return [e.token_id for e in events], [e.logprob for e in events]
+
+
+def serve(engine, prompts, *, together=False):
+    """Each prompt's (tokens, logprobs) and cached prompt tokens; one at a time unless ``together``."""
+    try:
+        if together:
+            handles = [engine.submit(p, GREEDY) for p in prompts]
+            return [result(h) for h in handles], [h.num_cached_tokens for h in handles]
+        out, cached = [], []
+        for p in prompts:
+            handle = engine.submit(p, GREEDY)
+            out.append(result(handle))
+            cached.append(handle.num_cached_tokens)
+        return out, cached
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def references(model):
+    """The cache off's outputs at a prefill chunk size, each computed once."""
+    computed = {}
+
+    def at(chunk: int = 64):
+        if chunk not in computed:
+            engine = make_engine(model, prefill_chunk=chunk, enable_prefix_caching=False)
+            computed[chunk] = serve(engine, PROMPTS + [OTHER[:150]])[0]
+        return computed[chunk]
+    return at
+
+
+@pytest.fixture(scope="module")
+def reference(references):
+    return references(64)
+
+
+@pytest.mark.parametrize("chunk, stride, hits", [
+    (64, 1, [0, 64, 64, 128, 64, 192, 128, 192]),
+    # A prompt's last full block gets a snapshot: the first prompt's at 192, the second's at 64, the third's at 128.
+    (32, 4, [0, 0, 64, 128, 64, 192, 128, 192]),
+], ids=["chunk64-every-block", "chunk32-stride4"])
+def test_outputs_identical_to_the_cache_off(model, references, chunk, stride, hits):
+    """Snapshot boundaries fall on chunk boundaries here, so every token is computed in the same chunks as
+    with the cache off: tokens and logprobs bit-identical."""
+    out, cached = serve(make_engine(model, prefill_chunk=chunk, snapshot_stride=stride), PROMPTS)
+    assert cached == hits
+    assert out == references(chunk)[: len(PROMPTS)]
+
+
+def assert_close(out, expected):
+    """Greedy tokens identical, logprobs within float32 rounding: other chunk cuts or packings than the
+    reference's (as any change of prefill chunking gives, with or without the cache)."""
+    assert [tokens for tokens, _ in out] == [tokens for tokens, _ in expected]
+    np.testing.assert_allclose([lp for _, lp in out], [lp for _, lp in expected], rtol=0, atol=1e-5)
+
+
+def test_chunks_cut_at_snapshot_boundaries(model, references):
+    out, cached = serve(make_engine(model, prefill_chunk=256, snapshot_stride=2), PROMPTS)
+    assert cached == [0, 0, 64, 128, 64, 192, 128, 192]
+    assert_close(out, references(256)[: len(PROMPTS)])
+
+
+def test_concurrent_requests_on_one_prefix(model, reference, compile_log):
+    engine = make_engine(model, snapshot_stride=1)
+    compile_log.clear()
+    result(engine.submit(BASE[:200], GREEDY))  # caches BASE's first three blocks
+    out, cached = serve(engine, PROMPTS[1:] + [OTHER[:150], OTHER[:150]], together=True)
+    assert_close(out, reference[1:] + reference[-1:])
+    assert cached[: len(PROMPTS) - 1] == [64, 64, 128, 64, 192, 128, 192]
+    assert compile_log.messages() == []
+
+
+def test_eviction_under_memory_pressure_never_fails_a_request(model, reference):
+    # 24 pages: a request takes up to 18, so cached blocks are evicted for almost every admission.
+    engine = make_engine(model, num_pages=25, max_model_len=288, snapshot_stride=1, num_snapshots=3)
+    prompts = PROMPTS[:6] + PROMPTS[:6]
+    out, cached = serve(engine, prompts)
+    assert out == reference[:6] * 2
+    assert sum(cached) > 0
+    stats = engine.stats()
+    assert stats["pages_used"] == 0 and stats["slots_used"] == 0
+
+
+def test_reset_empties_the_cache(model):
+    engine = make_engine(model)
+    try:
+        result(engine.submit(BASE[:200], GREEDY))
+        assert engine.stats()["prefix_blocks"] == 3
+        engine.reset_prefix_cache()
+        deadline = time.monotonic() + 10
+        while engine.stats()["prefix_blocks"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = engine.stats()
+        assert stats["prefix_blocks"] == 0 and stats["snapshots_used"] == 0
+        assert engine.pages.num_used == 0
+        handle = engine.submit(BASE[:201], GREEDY)
+        result(handle)
+        assert handle.num_cached_tokens == 0
+    finally:
+        engine.shutdown()
+
+
+def test_hits_under_tensor_parallelism(model, reference):
+    out, cached = serve(make_engine(model, tensor_parallel_size=2, snapshot_stride=1), PROMPTS[:4])
+    assert cached == [0, 64, 64, 128]
+    assert [tokens for tokens, _ in out] == [tokens for tokens, _ in reference[:4]]
+    off, _ = serve(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False), PROMPTS[:4])
+    assert out == off

@@ -1,0 +1,198 @@
+"""The prefix cache's decisions on fake requests, no device: hits, shared pages, chunk cuts at snapshot
+boundaries, nothing partial cached, eviction, and exact page / slot / snapshot accounting."""
+
+import random
+
+from hybrid_jax.engine.cache import BlockAllocator
+from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.prefix_cache import PrefixCache
+from hybrid_jax.engine.requests import Request
+from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.engine.scheduler import Scheduler
+
+BLOCK = 64
+
+
+def make(pages: int = 64, slots: int = 4, snapshots: int = 16, stride: int = 1, **config) -> Scheduler:
+    options = dict(max_batch=slots, max_model_len=512, page_size=16, prefill_chunk=128, max_prefill_seqs=2)
+    options.update(config)
+    page_ids = BlockAllocator(pages + 1)
+    prefix = PrefixCache(BLOCK, 16, page_ids, BlockAllocator(snapshots + 1), stride)
+    return Scheduler(EngineConfig(**options), BlockAllocator(slots + 1), page_ids, page_size=16, decode_steps=1,
+                     prefix=prefix)
+
+
+def request(name: str, prompt: list[int], max_tokens: int = 4) -> Request:
+    return Request(name, list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), seed=0)
+
+
+def step(s: Scheduler) -> tuple[list, list]:
+    """One loop turn without a device: admission, one prefill step, one token for each decoding request."""
+    restores = s.admit()
+    saves = []
+    chunks = s.prefill_chunks()
+    if chunks:
+        done, _ = s.prefilled(chunks)
+        saves = s.cache_prefilled(chunks)
+        for r in done:
+            s.emit(r, 7, -0.5, None)
+    for r in [r for r in s.decoding if r not in [c for c, _ in chunks]]:
+        s.emit(r, 7, -0.5, None)
+    return restores, saves
+
+
+def run(s: Scheduler, *requests: Request) -> None:
+    for r in requests:
+        s.put(r)
+    s.take_arrivals(block=False)
+    while not s.idle:
+        s.reap_cancelled()
+        step(s)
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return random.Random(seed).choices(range(500), k=n)
+
+
+def test_a_hit_ends_at_a_snapshot_and_leaves_the_last_token():
+    s = make(stride=2)
+    base = prompt(300)
+    run(s, request("a", base[:256]))
+    # Snapshots every second block and at the last full block: after 128 and 256 tokens.
+    assert [b.snapshot > 0 for b in s.prefix.match(base[:256])] == [False, True, False, True]
+    assert len(s.prefix.hit(base[:256])) == 2  # the whole prompt cached: its last token is computed again
+    assert len(s.prefix.hit(base[:257])) == 4
+    assert len(s.prefix.hit(base[:200])) == 2
+    assert s.prefix.hit(base[:100]) == []  # the first block has no snapshot
+    assert s.prefix.hit(prompt(300, seed=1)) == []
+
+
+def test_chunks_end_at_snapshot_boundaries():
+    s = make(stride=2, prefill_chunk=256)
+    r = request("a", prompt(300))
+    s.put(r)
+    s.take_arrivals(block=False)
+    s.admit()
+    cuts = []
+    while s.prefilling:
+        chunks = s.prefill_chunks()
+        cuts.append(chunks[0][1])
+        s.prefilled(chunks)
+        s.cache_prefilled(chunks)
+    assert cuts == [128, 128, 44]  # snapshots at 128 and 256 (the last full block), then the rest
+
+
+def test_a_hit_shares_pages_restores_a_snapshot_and_prefills_the_rest():
+    s = make()
+    base = prompt(200)
+    a = request("a", base[:150])
+    run(s, a)
+    b = request("b", base[:140] + [1, 2, 3])
+    s.put(b)
+    s.take_arrivals(block=False)
+    [(slot, snapshot)] = s.admit()
+    assert slot == b.slot and snapshot == s.prefix.match(base)[1].snapshot
+    assert b.num_prefilled == b.num_cached_tokens == 128
+    assert b.pages[:8] == [p for block in s.prefix.match(base) for p in block.pages]
+    assert s.prefill_chunks() == [(b, 143 - 128)]
+    assert s.counters["prefix_cache_hits"] == 128 and s.counters["prefix_cache_queries"] == 150 + 143
+
+
+def test_divergence_mid_block_reuses_the_blocks_before_it():
+    s = make()
+    base = prompt(200)
+    run(s, request("a", base[:192]))
+    other = base[:100] + [(t + 1) % 500 for t in base[100:192]]
+    b = request("b", other)
+    run(s, b)
+    assert b.num_cached_tokens == 64
+    chain_a, chain_b = s.prefix.match(base[:192]), s.prefix.match(other)
+    assert chain_a[0] is chain_b[0] and chain_a[1] is not chain_b[1]
+
+
+def test_a_request_cancelled_mid_prefill_leaves_only_complete_blocks():
+    s = make(prefill_chunk=48)
+    r = request("a", prompt(300))
+    s.put(r)
+    s.take_arrivals(block=False)
+    s.admit()
+    for _ in range(3):  # 48 + 16 (cut at 64) + 48 tokens
+        chunks = s.prefill_chunks()
+        s.prefilled(chunks)
+        s.cache_prefilled(chunks)
+    assert r.num_prefilled == 112
+    s.cancel(r)
+    s.reap_cancelled()
+    [block] = s.prefix.blocks.values()
+    assert block.refs == 0 and block.snapshot and len(block.pages) == 4
+    assert s.pages.num_used == 4 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 1
+    assert s.stats()["pages_used"] == 0  # evictable pages count as free
+    assert s.reset_prefix_cache() and s.pages.num_used == 0 and s.prefix.snapshots.num_used == 0
+
+
+def test_eviction_makes_room_and_never_fails_a_request():
+    s = make(pages=12)  # 192 tokens: one request of 129 + 4 at a time, each leaving two blocks cached
+    requests = [request(f"r{i}", prompt(129, seed=i)) for i in range(6)]
+    run(s, *requests)
+    assert all(len(r.output_ids) == 4 for r in requests)
+    assert len(s.prefix.blocks) == 2 and s.pages.num_used == 8
+
+
+def test_blocks_held_by_a_request_are_not_evicted():
+    s = make(pages=18)
+    base = prompt(200)
+    a = request("a", base[:129], max_tokens=64)  # 13 pages over its lifetime, 8 of them cached blocks
+    s.put(a)
+    s.take_arrivals(block=False)
+    while a.num_prefilled < 129:
+        step(s)
+    b = request("b", prompt(129, seed=5))  # needs 9 pages: only 5 free, and a's blocks are held
+    s.put(b)
+    s.take_arrivals(block=False)
+    s.admit()
+    assert b in s.waiting and len(s.prefix.blocks) == 2
+
+
+def test_snapshots_run_short_and_evict_unused_blocks():
+    s = make(snapshots=2)
+    for i in range(4):
+        run(s, request(f"r{i}", prompt(130, seed=i)))
+    assert s.prefix.snapshots.num_used == 2
+    assert sum(1 for b in s.prefix.blocks.values() if b.snapshot) == 2
+
+
+def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for():
+    rng = random.Random(0)
+    s = make(pages=40, slots=4, snapshots=6, stride=2, prefill_chunk=96)
+    bases = [prompt(400, seed=i) for i in range(4)]
+    pending = []
+    for i in range(300):
+        base = rng.choice(bases)
+        n = rng.randrange(1, 300)
+        tail = [rng.randrange(500) for _ in range(rng.randrange(0, 40))]
+        pending.append(request(f"r{i}", base[:n] + tail, max_tokens=rng.randrange(1, 12)))
+    while pending or not s.idle:
+        for _ in range(rng.randrange(0, 3)):
+            if pending:
+                s.put(pending.pop())
+        s.take_arrivals(block=False)
+        for r in [*s.waiting, *s.prefilling, *s.decoding]:
+            if rng.random() < 0.03:
+                s.cancel(r)
+        s.reap_cancelled()
+        restores, saves = step(s)
+        held = {id(r): r for r in s.prefilling + s.decoding}
+        # Every page is free, a running request's own, or a cached block's: never two of these.
+        cached = [p for b in s.prefix.blocks.values() for p in b.pages]
+        own = [p for r in held.values() for p in r.pages if p not in {q for b in r.blocks for q in b.pages}]
+        assert len(set(cached)) == len(cached) and not set(cached) & set(own)
+        assert s.pages.num_used == len(cached) + len(own)
+        assert s.slots.num_used == len(held)
+        assert s.prefix.snapshots.num_used == sum(1 for b in s.prefix.blocks.values() if b.snapshot)
+        for block in s.prefix.blocks.values():
+            assert block.refs == sum(block in r.blocks for r in held.values())
+        assert all(snapshot for _, snapshot in restores + saves)
+    assert s.counters["prefix_cache_hits"] > 0
+    assert s.pages.num_used == sum(len(b.pages) for b in s.prefix.blocks.values())
+    assert s.reset_prefix_cache()
+    assert s.pages.num_used == 0 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 0

@@ -1,0 +1,42 @@
+"""The prefix cache's server surface: the serve flag, the metrics, cached tokens in usage, the reset endpoint."""
+
+from types import SimpleNamespace
+
+from hybrid_jax.cli import parser
+from hybrid_jax.tokenizer import load_tokenizer
+from server.app import create_app
+from server.backend import Backend
+from server.cli import add_serve
+from server.generation import Generation
+from server.metrics import ServerMetrics
+from server.settings import Settings
+
+
+def test_serve_flag_defaults_on():
+    assert parser(add_serve).parse_args(["serve"]).enable_prefix_caching is True
+    assert parser(add_serve).parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+
+
+def test_prefix_cache_counters_on_metrics():
+    text = ServerMetrics(lambda: {"prefix_cache_queries": 300, "prefix_cache_hits": 128}, "m").render().decode()
+    assert 'vllm:prefix_cache_queries_total{model_name="m"} 300.0' in text
+    assert 'vllm:prefix_cache_hits_total{model_name="m"} 128.0' in text
+
+
+def test_usage_counts_cached_tokens_once_per_prompt():
+    generation = Generation.__new__(Generation)
+    handle = lambda cached: SimpleNamespace(num_cached_tokens=cached)
+    output = SimpleNamespace(token_ids=[1, 2])
+    generation.prompts = [[0] * 100, [0] * 70]
+    generation.choices = [SimpleNamespace(handle=handle(c), output=output) for c in (64, 64, 0, 0)]  # n = 2
+    assert generation.usage() == {"prompt_tokens": 170, "completion_tokens": 8, "total_tokens": 178,
+                                  "prompt_tokens_details": {"cached_tokens": 64}}
+
+
+def test_reset_endpoint_resets_the_engines_prefix_cache():
+    resets = []
+    engine = SimpleNamespace(reset_prefix_cache=lambda: resets.append(True))
+    backend = Backend(Settings(), lambda settings: SimpleNamespace(engine=engine, tokenizer=load_tokenizer()))
+    client = create_app(Settings(), backend).test_client()
+    assert backend.ready.wait(30)
+    assert client.post("/reset_prefix_cache").status_code == 200 and resets == [True]
