@@ -26,7 +26,8 @@ def model():
 
 
 def make_engine(model, **kw):
-    options = dict(max_batch=4, max_model_len=512, page_size=16, prefill_chunk=64, max_prefill_seqs=2)
+    options = dict(max_batch=4, max_model_len=512, page_size=16, prefill_chunk=64, max_prefill_seqs=2,
+                   enable_prefix_caching=True)
     options.update(kw)
     return Engine(model, EngineConfig(**options)).start()
 

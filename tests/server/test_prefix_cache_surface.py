@@ -12,8 +12,8 @@ from server.metrics import ServerMetrics
 from server.settings import Settings
 
 
-def test_serve_flag_defaults_on():
-    assert parser(add_serve).parse_args(["serve"]).enable_prefix_caching is True
+def test_serve_flag():
+    assert parser(add_serve).parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching is True
     assert parser(add_serve).parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
 
 
