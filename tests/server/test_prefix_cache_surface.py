@@ -35,7 +35,7 @@ def test_usage_counts_cached_tokens_once_per_prompt():
 
 def test_reset_endpoint_resets_the_engines_prefix_cache():
     resets = []
-    engine = SimpleNamespace(reset_prefix_cache=lambda: resets.append(True))
+    engine = SimpleNamespace(reset_prefix_cache=lambda: resets.append(True), shutdown=lambda: None)
     backend = Backend(Settings(), lambda settings: SimpleNamespace(engine=engine, tokenizer=load_tokenizer()))
     client = create_app(Settings(), backend).test_client()
     assert backend.ready.wait(30)
