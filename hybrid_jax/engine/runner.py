@@ -88,6 +88,15 @@ def host_samples(sampled: Sampled, requests: list[Request]) -> Sampled:
                    np.asarray(sampled.top_logprobs) if want_top else None)
 
 
+def _device_bytes(weights: list) -> int:
+    """Bytes the weights take on one device: their whole size unloaded (an engine over a mesh loads first),
+    the first device's shards loaded."""
+    if any(isinstance(w, jax.ShapeDtypeStruct) for w in weights):
+        return sum(w.size * w.dtype.itemsize for w in weights)
+    device = jax.devices()[0]
+    return sum(s.data.nbytes for w in weights for s in w.addressable_shards if s.device == device)
+
+
 def _is_abstract(model: nnx.Module) -> bool:
     return any(isinstance(w, jax.ShapeDtypeStruct) for w in jax.tree.leaves(nnx.state(model)))
 
@@ -108,11 +117,10 @@ class Runner:
         self._graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
         self.weights = tuple(leaves)
-        unloaded = 0 if self.weights_loaded else sum(w.size * w.dtype.itemsize for w in leaves)
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages,
-                                  tp=config.tensor_parallel_size, reserved_bytes=unloaded,
+                                  tp=config.tensor_parallel_size, weight_bytes=_device_bytes(leaves),
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
         shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
