@@ -35,6 +35,7 @@ from pallas_kernels.paged_attention import (
 F32 = jnp.float32
 HEADS3 = P(None, TP, None)  # [tokens, heads, dim]
 HEADS2 = P(None, TP)  # [tokens, heads]
+UNNAMED = 1 << 30  # a snapshot id past any pool (a negative one would count from the end)
 
 
 class PagedKernels:
@@ -45,6 +46,8 @@ class PagedKernels:
         self.tp = 1 if mesh is None else mesh.shape[TP]
         wrap = self._wrap
         self.gdn_chunk = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE), (HEADS3, STATE))
+        self.gdn_chunk_snapshots = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE, WHOLE,
+                                                    STATE), (HEADS3, STATE, STATE))
         self.gdn_decode = wrap(gdn_decode, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, STATE), (HEADS3, STATE))
         self.write_kv = wrap(write_kv, (KV_PAGES, KV_PAGES, HEADS3, HEADS3, WHOLE), (KV_PAGES, KV_PAGES))
         self.decode_attention = wrap(paged_decode_attention, (HEADS3, KV_PAGES, KV_PAGES, WHOLE, WHOLE), HEADS3)
@@ -120,15 +123,33 @@ class _Paged(Cache):
         raise NotImplementedError
 
 
+def snapshot_entries(snapshot_ids):
+    """The snapshots a prefill step writes, as fixed-size lists: snapshot_ids [S, N] (sequence s's state after
+    its first (c + 1) * 64 tokens into snapshot ids[s, c] where > 0) -> (sequence [N], tokens [N], snapshot [N]),
+    entries past the last named one at snapshot ``UNNAMED`` (past any pool: dropped by the scatters). N entries
+    suffice: each takes 64 of the step's tokens, at most 64 N."""
+    num_chunks = snapshot_ids.shape[1]
+    flat = snapshot_ids.reshape(-1)  # [S N]
+    (index,) = jnp.nonzero(flat > 0, size=num_chunks, fill_value=flat.shape[0])
+    seq, chunk = index // num_chunks, index % num_chunks
+    named = index < flat.shape[0]
+    snapshot = jnp.where(named, flat[jnp.minimum(index, flat.shape[0] - 1)], UNNAMED)
+    return jnp.where(named, seq, 0), (chunk + 1) * 64, snapshot
+
+
 class PrefillCache(_Paged):
-    """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot."""
+    """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot. With
+    ``snapshots`` (the snapshot pool's layers) and ``snapshot_ids`` [S, ceil(T / 64)] (see `snapshot_entries`),
+    each GDN layer also writes its conv ring and recurrent state at those boundaries into ``updated_snapshots``."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, seq_index, valid, cu_seqlens, slot_ids,
-                 page_tables, context_lens, is_first):
+                 page_tables, context_lens, is_first, snapshots: list[dict] | None = None, snapshot_ids=None):
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, seq_index, positions, valid, page_size))
         self.seq_index, self.cu_seqlens = seq_index, cu_seqlens
         self.context_lens, self.is_first = context_lens, is_first
+        self.snapshots, self.snapshot_ids = snapshots, snapshot_ids
+        self.updated_snapshots = None if snapshots is None else list(snapshots)
 
     def attend(self, q, k_pages, v_pages, scale):
         return self.kernels.prefill_attention(q, k_pages, v_pages, self.page_tables, self.cu_seqlens,
@@ -145,13 +166,32 @@ class PrefillCache(_Paged):
         conv_out, new_conv = self._packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1))
         q, k, v = (t.astype(gdn.out_proj.kernel.dtype) for t in gdn.heads(conv_out))  # the kernel's fast path: bf16
         g, beta = gdn.gates(b, a)
-        o, state_pool = self.kernels.gdn_chunk(q, k, v, g, beta, self.cu_seqlens, self.slot_ids, state_pool)
+        args = (q, k, v, g, beta, self.cu_seqlens, self.slot_ids, state_pool)
+        if self.snapshots is None:
+            o, state_pool = self.kernels.gdn_chunk(*args)
+        else:
+            snap = self.snapshots[index]
+            o, state_pool, snap_state = self.kernels.gdn_chunk_snapshots(*args, self.snapshot_ids, snap["state"])
+            snap_conv = self._conv_snapshots(mixed, snap["conv"], new_tokens, gdn.kernel)
+            self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}
         after = conv_ring_columns(self.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
         seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
         new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
         conv_pool = conv_pool.at[self.slot_ids].set(jnp.where((new_tokens > 0)[:, None, None], new_ring, ring))
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
+
+    def _conv_snapshots(self, mixed, snap_conv, new_tokens, kernel: int):
+        """snap_conv [snapshots, K, C] with the conv ring at each snapshot boundary written: the K raw columns
+        before it (all in this chunk: a boundary is at least 64 tokens in), position t at column t mod K.
+        mixed [T, C]; new_tokens [S]."""
+        seq, tokens, snapshot = snapshot_entries(self.snapshot_ids)  # [M] each
+        offsets = tokens[:, None] - kernel + jnp.arange(kernel)[None, :]  # [M, K] within the chunk
+        columns = (self.context_lens - new_tokens)[seq][:, None] + offsets  # [M, K] positions in the sequence
+        rings = jnp.zeros((seq.shape[0], kernel, mixed.shape[-1]), snap_conv.dtype)
+        rings = rings.at[jnp.arange(seq.shape[0])[:, None], columns % kernel].set(
+            mixed[self.cu_seqlens[seq][:, None] + offsets].astype(snap_conv.dtype))
+        return snap_conv.at[snapshot].set(rings, mode="drop")
 
     def _packed_conv(self, gdn, mixed, conv_prev):
         """Causal conv over packed sequences, each continuing from its cached columns.

@@ -37,6 +37,9 @@ class EngineConfig:
             raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads: must be at least 1, got {self.compile_threads}")
+        if self.enable_prefix_caching and self.prefill_chunk < self.prefix_block:
+            raise ValueError(f"prefill_chunk: with prefix caching at least prefix_block={self.prefix_block} (a chunk "
+                             f"that does not finish its prompt ends on a block boundary), got {self.prefill_chunk}")
         if self.prefix_block % self.page_size or self.prefix_block % 64:
             raise ValueError(f"prefix_block: must be a multiple of page_size={self.page_size} and of the GDN chunk "
                              f"64, got {self.prefix_block}")

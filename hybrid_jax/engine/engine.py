@@ -221,7 +221,7 @@ class Engine:
         chunks = self.scheduler.prefill_chunks()
         sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks))
         done, rows = self.scheduler.prefilled(chunks)
-        self.runner.save_snapshots(self.scheduler.cache_prefilled(chunks))
+        self.scheduler.cache_prefilled(chunks)
         if done:  # read by `_decode`, after it queues the first decode call over them
             self._first = FirstTokens(done, rows, sampled)
 

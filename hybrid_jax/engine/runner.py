@@ -196,7 +196,7 @@ class Runner:
         steps per call only for greedy batches."""
         step_kw = dict(kernels=PagedKernels(self.model.config, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
-        jit_kw = dict(donate_argnums=1)
+        prefill_kw = dict(donate_argnums=(1, 2))  # the pools and the snapshots
         # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
         decode_kw = dict(donate_argnums=(1, 2))
         if self.mesh is not None:
@@ -205,11 +205,12 @@ class Runner:
             # for (and decode_batch places the host's batch the same way: the same input type).
             replicated = self._batch_sharding
             weight_shardings = tuple(w.sharding for w in self.weights)
-            jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
-                          out_shardings=(replicated, self._pool_shardings))
-            decode_kw = dict(jit_kw, donate_argnums=(1, 2),
+            prefill_kw = dict(prefill_kw, in_shardings=(weight_shardings, self._pool_shardings,
+                                                        self._snapshot_shardings, replicated),
+                              out_shardings=(replicated, self._pool_shardings, self._snapshot_shardings))
+            decode_kw = dict(decode_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
                              out_shardings=(replicated, replicated, self._pool_shardings))
-        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
+        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **prefill_kw)
         decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy, **step_kw),
                                        **decode_kw) for greedy in (False, True)}
         if self.decode_steps > 1:
@@ -237,9 +238,9 @@ class Runner:
                                     rows=batch.rows._replace(step=advance(batch.rows.step)))
         return sampled, next_batch, pools
 
-    def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
+    def _run(self, step, weights: tuple[jax.Array, ...], *args, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
-        return step(model, pools, batch, **kw)
+        return step(model, *args, **kw)
 
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
@@ -252,6 +253,7 @@ class Runner:
         placed = lambda a: a.sharding if self.mesh is not None else None
         shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
         pools = jax.tree.map(shape_of, self.pools)
+        snapshots = jax.tree.map(shape_of, self.snapshots) if self.snapshots is not None else None
         weights = tuple(map(shape_of, self.weights))
         largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
         rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
@@ -268,10 +270,9 @@ class Runner:
                 essential=size == largest_decode)
         for size in reversed(self.config.prefill_buckets):
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
-                                                 (weights, pools, self.prefill_batch([], size)),
+                                                 (weights, pools, snapshots, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
         if self.snapshots is not None:
-            snapshots = jax.tree.map(shape_of, self.snapshots)
             pairs = (rows(self.config.max_prefill_seqs),) * 2
             specs["snapshot_save", self.config.max_prefill_seqs] = ProgramSpec(
                 "snapshot save", self._save, (pools, snapshots, *pairs), essential=True)
@@ -341,6 +342,8 @@ class Runner:
                              np.full(key[1], -1, np.int32))
                 elif key[0].startswith("snapshot_"):
                     self._copy_snapshots(key[0], [])
+                elif key[0] == "prefill":
+                    _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
                 else:
                     _, *_, self.pools = compiled(self.weights, self.pools, args[2])
             jax.block_until_ready(self.pools)
@@ -448,6 +451,7 @@ class Runner:
         context_lens = np.zeros(num_seqs, np.int32)
         is_first = np.zeros(num_seqs, np.bool_)
         is_last = np.zeros(num_seqs, np.bool_)
+        snapshot_ids = np.zeros((num_seqs, -(-size // 64)), np.int32)
         offset = 0
         for s, (r, n) in enumerate(chunks):
             start = r.num_prefilled
@@ -462,17 +466,20 @@ class Runner:
             context_lens[s] = start + n
             is_first[s] = start == 0
             is_last[s] = start + n == len(r.prompt_ids)
+            for boundary, snapshot in r.snapshot_plan:
+                snapshot_ids[s, (boundary - start) // 64 - 1] = snapshot
         cu[len(chunks) + 1:] = offset
         rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
         return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
-                            is_first, is_last, rows, want_top)
+                            is_first, is_last, snapshot_ids, rows, want_top)
 
     # -- calls ---------------------------------------------------------------------------------------
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
         """Queue one prefill step over ``chunks`` at the first built of ``buckets``; its samples stay on the
         device ([max_prefill_seqs] rows, one per chunk)."""
         size, program = next((b, p) for b in buckets if (p := self.program(("prefill", b))) is not None)
-        sampled, self.pools = program(self.weights, self.pools, self.prefill_batch(chunks, size))
+        sampled, self.pools, self.snapshots = program(self.weights, self.pools, self.snapshots,
+                                                      self.prefill_batch(chunks, size))
         self.runs[("prefill", size)] += 1
         return sampled
 
