@@ -24,10 +24,9 @@ class EngineConfig:
     # not): fewer bounds the autotuner's scratch memory and the warm-up's CPU load
     background_compile: bool = False  # build only the programs that serve any request before start returns (the
     # largest decode and prefill buckets), the rest in a background thread after it
-    enable_prefix_caching: bool = False  # share the KV pages and GDN state of cached prompt prefixes (exact); off
-    # by default while a prompt's prefill chunks end at every snapshot boundary (more, smaller prefill steps)
+    enable_prefix_caching: bool = True  # share the KV pages and GDN state of cached prompt prefixes (exact)
     prefix_block: int = 64  # tokens of a cached block: a multiple of page_size and of the GDN chunk (64)
-    snapshot_stride: int = 4  # a GDN state snapshot every this many blocks (and at a prompt's last full block)
+    snapshot_stride: int = 4  # a GDN state snapshot every this many blocks (and at a prompt's last boundaries)
     snapshot_share: float = 0.1  # share of the KV pool's memory given to state snapshots (device memory known)
     num_snapshots: int | None = None  # state snapshots (incl. the null one); None: from snapshot_share, or
     # 4 * max_batch without a device memory figure (CPU)
@@ -37,9 +36,6 @@ class EngineConfig:
             raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads: must be at least 1, got {self.compile_threads}")
-        if self.enable_prefix_caching and self.prefill_chunk < self.prefix_block:
-            raise ValueError(f"prefill_chunk: with prefix caching at least prefix_block={self.prefix_block} (a chunk "
-                             f"that does not finish its prompt ends on a block boundary), got {self.prefill_chunk}")
         if self.prefix_block % self.page_size or self.prefix_block % 64:
             raise ValueError(f"prefix_block: must be a multiple of page_size={self.page_size} and of the GDN chunk "
                              f"64, got {self.prefix_block}")

@@ -80,11 +80,13 @@ class PrefixCache:
         return (boundary // b) % self.snapshot_stride == 0 or boundary in ((prompt_len - 1) // b * b, prompt_len)
 
     def chunk_end(self, start: int, end: int, prompt_len: int) -> int:
-        """Where a prefill chunk from ``start`` (a block multiple) with room up to ``end`` stops: the prompt's end
-        if it is within room, else the last block boundary within room (``start`` when there is none)."""
+        """Where a prefill chunk from ``start`` with room up to ``end`` stops: the prompt's end if it is within
+        room, else the last block boundary within room (``end`` when there is none past ``start``), so that the
+        chunks after a boundary start on one."""
         if end >= prompt_len:
             return prompt_len
-        return max(start, end // self.block_size * self.block_size)
+        boundary = end // self.block_size * self.block_size
+        return boundary if boundary > start else end
 
     def reserve_snapshot(self) -> int:
         """A snapshot id for a state a step is about to write (evicting unused blocks for one), or 0 when none

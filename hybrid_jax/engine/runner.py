@@ -467,7 +467,7 @@ class Runner:
             is_first[s] = start == 0
             is_last[s] = start + n == len(r.prompt_ids)
             for boundary, snapshot in r.snapshot_plan:
-                snapshot_ids[s, (boundary - start) // 64 - 1] = snapshot
+                snapshot_ids[s, -(-(boundary - start) // 64) - 1] = snapshot  # the GDN chunk ending there
         cu[len(chunks) + 1:] = offset
         rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
         return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,

@@ -10,8 +10,9 @@
   the step that completes it, with the snapshot that step wrote at its end where the cache wants one.
 - Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
   chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them. With the
-  prefix cache a chunk that does not finish its prompt ends on a block boundary, and the step writes the GDN
-  state at the boundaries inside it that the cache wants into snapshots reserved before it (``snapshot_plan``).
+  prefix cache a chunk that does not finish its prompt ends on a block boundary where it can, and the step
+  writes the GDN state at the boundaries in it that the cache wants into snapshots reserved before it
+  (``snapshot_plan``).
 - Decode: every decoding request in one call, at the smallest batch bucket that holds them; a call chains
   after the one in flight while the requests stay the same; several steps per call only for a greedy batch
   (no top logprobs, no token constraints) with nothing waiting for prefill, and only while some request still
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybrid_jax.engine")
 
 Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
+GDN_CHUNK = 64  # tokens of the prefill kernel's chunks: a step writes GDN states only at their ends
 
 
 class Scheduler:
@@ -248,11 +250,14 @@ class Scheduler:
 
     def _plan_snapshots(self, start: int, end: int, prompt_len: int) -> list[tuple[int, int]]:
         """The (boundary, snapshot id) states a chunk over prompt positions [start, end) writes: the wanted block
-        boundaries in (start, end], each with a snapshot id reserved (none where no id can be freed)."""
+        boundaries in (start, end] where one of the step's GDN chunks (64 tokens from ``start``) ends, each with a
+        snapshot id reserved (none where no id can be freed)."""
         b = self.prefix.block_size
         plan = []
         for boundary in range((start // b + 1) * b, end + 1, b):
-            if self.prefix.snapshot_wanted(boundary, prompt_len) and (snapshot := self.prefix.reserve_snapshot()):
+            at_chunk_end = (boundary - start) % GDN_CHUNK == 0 or boundary == end
+            if at_chunk_end and self.prefix.snapshot_wanted(boundary, prompt_len) and (
+                    snapshot := self.prefix.reserve_snapshot()):
                 plan.append((boundary, snapshot))
         return plan
 

@@ -88,7 +88,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
 def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
     """snapshot_masks [snapshots, V] with each snapshot's prompt mask written: its slot's mask before this chunk
     (``prompt_mask`` [slots, V]) and the chunk's tokens before the boundary."""
-    seq, tokens, snapshot = snapshot_entries(batch.snapshot_ids)  # [M] each
+    seq, tokens, snapshot = snapshot_entries(batch.snapshot_ids, batch.cu_seqlens)  # [M] each
     offsets = jnp.arange(batch.tokens.shape[0]) - batch.cu_seqlens[batch.seq_index]  # [T] within the chunk
     before = (batch.seq_index[None, :] == seq[:, None]) & (offsets[None, :] < tokens[:, None]) & batch.valid  # [M, T]
     entries = jnp.arange(seq.shape[0])[:, None]

@@ -210,3 +210,9 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
     assert s.pages.num_used == sum(len(b.pages) for b in s.prefix.blocks.values())
     assert s.reset_prefix_cache()
     assert s.pages.num_used == 0 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 0
+
+
+def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():
+    """With a budget under a block, every other chunk ends on a boundary: its last GDN chunk ends there too."""
+    s = make(stride=1, prefill_chunk=32)
+    assert chunk_plan(s, request("a", prompt(100))) == [(32, []), (32, [64]), (32, []), (4, [])]
