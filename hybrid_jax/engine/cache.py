@@ -84,6 +84,15 @@ def device_memory_limit() -> int | None:
     return None if limit is None else int(limit)
 
 
+def weight_device_bytes(weights: list) -> int:
+    """Bytes the weights take on one device: their whole size unloaded (an engine over a mesh loads first),
+    the first device's shards loaded."""
+    if any(isinstance(w, jax.ShapeDtypeStruct) for w in weights):
+        return sum(w.size * w.dtype.itemsize for w in weights)
+    device = jax.devices()[0]
+    return sum(s.data.nbytes for w in weights for s in w.addressable_shards if s.device == device)
+
+
 def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
                 memory_utilization: float, num_pages: int | None = None, tp: int = 1,
                 weight_bytes: int = 0, snapshot_share: float = 0.0,

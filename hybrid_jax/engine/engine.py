@@ -17,10 +17,11 @@ import threading
 import numpy as np
 
 from hybrid_jax.engine.cache import BlockAllocator
+from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.prefix_cache import PrefixCache
 from hybrid_jax.engine.requests import QueueFullError, Request, RequestHandle, ThinkingEnd, TokenEvent
-from hybrid_jax.engine.runner import DecodeCall, FirstTokens, Runner, host_samples
+from hybrid_jax.engine.runner import Runner
 from hybrid_jax.engine.sampling_params import MAX_MIN_TOKENS_STOPS, SamplingParams
 from hybrid_jax.engine.scheduler import Scheduler, Variant
 from hybrid_jax.model import Qwen35ForCausalLM

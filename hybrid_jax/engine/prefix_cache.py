@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hybrid_jax.engine.cache import BlockAllocator
 
 ROOT = 0  # the parent id of a prompt's first block
+GDN_CHUNK = 64  # tokens of the prefill kernel's chunks: a step writes GDN states only where one ends
 
 
 @dataclass

@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from dataclasses import asdict
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +24,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.caches.paged import PagedKernels
 from hybrid_jax.caches.pools import is_pool_spec, pool_specs, snapshot_specs
-from hybrid_jax.engine.cache import allocate_pools, page_table_row, plan_layout
+from hybrid_jax.engine.batches import decode_batch, prefill_batch
+from hybrid_jax.engine.cache import allocate_pools, plan_layout, weight_device_bytes
+from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples, take_first_tokens
 from hybrid_jax.engine.config import EngineConfig
-from hybrid_jax.engine.constraints import constraint_rows
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.prompt_logprobs import PromptScorer
 from hybrid_jax.engine.requests import PromptLogprob, Request
-from hybrid_jax.engine.sampler import Sampled, SamplingRows
+from hybrid_jax.engine.sampler import Sampled
 from hybrid_jax.engine.scheduler import Variant
 from hybrid_jax.engine.steps import (
     DecodeBatch,
@@ -40,61 +40,11 @@ from hybrid_jax.engine.steps import (
     multi_decode_step,
     prefill_step,
     restore_snapshots,
-    save_snapshots,
 )
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
-
-
-class DecodeCall(NamedTuple):
-    """A decode call queued on the device whose samples the host has not read yet."""
-
-    requests: list[Request]  # rows 0.. of the batch
-    variant: Variant
-    sampled: Sampled  # device arrays with a leading [steps] axis
-    next_batch: DecodeBatch  # on the device: the inputs of a call chained after this one (same requests)
-
-    @property
-    def steps(self) -> int:
-        return self.variant[1]
-
-    @property
-    def size(self) -> int:
-        """The call's batch bucket."""
-        return self.next_batch.tokens.shape[0]
-
-
-class FirstTokens(NamedTuple):
-    """Prefill's samples for the requests whose prompts it finished, still on the device: the first decode call
-    over them is queued before the host reads them."""
-
-    requests: list[Request]
-    rows: list[int]  # each request's row of ``sampled``
-    sampled: Sampled  # device arrays [max_prefill_seqs]
-
-
-def take_first_tokens(tokens: jax.Array, first_tokens: jax.Array, source: jax.Array) -> jax.Array:
-    """``tokens`` [B] with each row whose ``source`` [B] is >= 0 replaced by ``first_tokens`` [S] at that index."""
-    return jnp.where(source >= 0, first_tokens[jnp.maximum(source, 0)].astype(tokens.dtype), tokens)
-
-
-def host_samples(sampled: Sampled, requests: list[Request]) -> Sampled:
-    """``sampled`` copied to the host (numpy arrays); the top logprobs only when some request wants them."""
-    want_top = any(r.params.logprobs for r in requests)
-    return Sampled(np.asarray(sampled.tokens), np.asarray(sampled.logprob),
-                   np.asarray(sampled.top_ids) if want_top else None,
-                   np.asarray(sampled.top_logprobs) if want_top else None)
-
-
-def _device_bytes(weights: list) -> int:
-    """Bytes the weights take on one device: their whole size unloaded (an engine over a mesh loads first),
-    the first device's shards loaded."""
-    if any(isinstance(w, jax.ShapeDtypeStruct) for w in weights):
-        return sum(w.size * w.dtype.itemsize for w in weights)
-    device = jax.devices()[0]
-    return sum(s.data.nbytes for w in weights for s in w.addressable_shards if s.device == device)
 
 
 def _is_abstract(model: nnx.Module) -> bool:
@@ -120,7 +70,7 @@ class Runner:
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages,
-                                  tp=config.tensor_parallel_size, weight_bytes=_device_bytes(leaves),
+                                  tp=config.tensor_parallel_size, weight_bytes=weight_device_bytes(leaves),
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
         shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
@@ -130,7 +80,7 @@ class Runner:
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if self.mesh is None else 1
         self._prefill, self._decode = self._jit_steps()
-        self._save, self._restore = self._jit_snapshot_copies()
+        self._restore = self._jit_restore()
         self._take_first_tokens = jax.jit(take_first_tokens)
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
@@ -182,14 +132,13 @@ class Runner:
             return None
         return allocate_pools(self._snapshot_shapes, self._snapshot_shardings)
 
-    def _jit_snapshot_copies(self) -> tuple:
-        """The jitted snapshot copies (slots -> snapshots, snapshots -> slots), each donating what it writes."""
-        save_kw, restore_kw = dict(donate_argnums=1), dict(donate_argnums=0)
+    def _jit_restore(self):
+        """The jitted snapshot restore (snapshots -> slots), donating the pools."""
+        kw = dict(donate_argnums=0)
         if self.mesh is not None:
-            ins = (self._pool_shardings, self._snapshot_shardings, self._batch_sharding, self._batch_sharding)
-            save_kw = dict(save_kw, in_shardings=ins, out_shardings=self._snapshot_shardings)
-            restore_kw = dict(restore_kw, in_shardings=ins, out_shardings=self._pool_shardings)
-        return jax.jit(save_snapshots, **save_kw), jax.jit(restore_snapshots, **restore_kw)
+            kw = dict(kw, in_shardings=(self._pool_shardings, self._snapshot_shardings, self._batch_sharding,
+                                        self._batch_sharding), out_shardings=self._pool_shardings)
+        return jax.jit(restore_snapshots, **kw)
 
     def _jit_steps(self) -> tuple:
         """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
@@ -245,7 +194,7 @@ class Runner:
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
-        ("first_tokens", B) | ("snapshot_save", S) | ("snapshot_restore", S) (with a snapshot pool), essential
+        ("first_tokens", B) | ("snapshot_restore", S) (with a snapshot pool), essential
         ones first: the general decode at the largest batch and the largest
         prefill serve any request; the rest, smallest buckets first, only make some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
@@ -274,8 +223,6 @@ class Runner:
                                                  essential=size == largest_prefill)
         if self.snapshots is not None:
             pairs = (rows(self.config.max_prefill_seqs),) * 2
-            specs["snapshot_save", self.config.max_prefill_seqs] = ProgramSpec(
-                "snapshot save", self._save, (pools, snapshots, *pairs), essential=True)
             specs["snapshot_restore", self.config.max_prefill_seqs] = ProgramSpec(
                 "snapshot restore", self._restore, (pools, snapshots, *pairs), essential=True)
         # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
@@ -340,8 +287,8 @@ class Runner:
                 if key[0] == "first_tokens":
                     compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
                              np.full(key[1], -1, np.int32))
-                elif key[0].startswith("snapshot_"):
-                    self._copy_snapshots(key[0], [])
+                elif key[0] == "snapshot_restore":
+                    self.restore_snapshots([], padding=True)
                 elif key[0] == "prefill":
                     _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
                 else:
@@ -382,96 +329,32 @@ class Runner:
         return compiled
 
     # -- host batches --------------------------------------------------------------------------------
-    def _sampling_rows(self, requests: list[Request], size: int,
-                       ahead: np.ndarray | None = None) -> tuple[SamplingRows, jax.Array]:
-        """The rows' sampling settings; ``ahead`` [len(requests)] (a decode batch): tokens each has sampled that
-        the host has not read yet (its input token, taken on the device)."""
-        cols = {name: np.zeros(size, np.float32) for name in ("temperature", "top_p", "min_p", "presence_penalty",
-                                                               "frequency_penalty", "repetition_penalty")}
-        cols["top_p"][:] = 1.0
-        cols["repetition_penalty"][:] = 1.0
-        top_k = np.zeros(size, np.int32)
-        seed = np.zeros(size, np.uint32)
-        step = np.zeros(size, np.int32)
-        for i, r in enumerate(requests):
-            p = r.params
-            for name in cols:
-                cols[name][i] = getattr(p, name)
-            top_k[i] = min(max(p.top_k, 0), self.valid_vocab)  # any k >= the vocabulary means no top-k
-            seed[i] = r.seed
-            step[i] = len(r.output_ids) + (0 if ahead is None else ahead[i])
-        want_top = any(r.params.logprobs for r in requests)
-        constraints = constraint_rows(requests, size, None if ahead is None else ahead == 0)
-        return SamplingRows(top_k=top_k, seed=seed, step=step, constraints=constraints, **cols), np.bool_(want_top)
-
     def decode_batch(self, requests: list[Request], size: int, first: FirstTokens | None = None) -> DecodeBatch:
         """The decode step's inputs for ``requests`` padded to ``size`` rows, built on the host; the tokens of
         the requests in ``first`` are prefill's samples, taken on the device."""
-        width = self.layout.max_pages_per_seq
-        tokens = np.zeros(size, np.int32)
-        positions = np.zeros(size, np.int32)
-        slot_ids = np.zeros(size, np.int32)
-        page_tables = np.zeros((size, width), np.int32)
         source = np.full(size, -1, np.int32)  # row of first.sampled holding the row's token, else -1
         if first is not None:
             index = {id(r): i for i, r in enumerate(requests)}
             for r, row in zip(first.requests, first.rows, strict=True):
                 if id(r) in index:
                     source[index[id(r)]] = row
-        ahead = (source[: len(requests)] >= 0).astype(np.int32)
-        for i, r in enumerate(requests):
-            tokens[i] = r.output_ids[-1] if not ahead[i] else 0
-            positions[i] = len(r.prompt_ids) + len(r.output_ids) + ahead[i] - 1
-            slot_ids[i] = r.slot
-            page_tables[i] = page_table_row(r.pages, width)
-        rows, want_top = self._sampling_rows(requests, size, ahead)
-        if ahead.any():
+        batch = decode_batch(requests, size, self.layout.max_pages_per_seq, self.valid_vocab, source)
+        if (source >= 0).any():
             take = self.program(("first_tokens", size))
             if take is not None:
-                tokens = take(tokens, first.sampled.tokens, source)
+                batch = batch._replace(tokens=take(batch.tokens, first.sampled.tokens, source))
                 self.runs[("first_tokens", size)] += 1
             else:  # not built yet: read prefill's tokens on the host
-                tokens = np.where(source >= 0, np.asarray(first.sampled.tokens)[np.maximum(source, 0)], tokens)
-        batch = DecodeBatch(tokens, positions, slot_ids, page_tables, rows, want_top)
+                first_tokens = np.asarray(first.sampled.tokens)[np.maximum(source, 0)]
+                batch = batch._replace(tokens=np.where(source >= 0, first_tokens, batch.tokens))
         if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
             batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
         return batch
 
     def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> PrefillBatch:
         """The prefill step's inputs: ``n`` more prompt tokens of each (request, n), packed and padded to ``size``."""
-        num_seqs = self.config.max_prefill_seqs
-        width = self.layout.max_pages_per_seq
-        tokens = np.zeros(size, np.int32)
-        positions = np.zeros(size, np.int32)
-        seq_index = np.zeros(size, np.int32)
-        valid = np.zeros(size, np.bool_)
-        cu = np.zeros(num_seqs + 1, np.int32)
-        slot_ids = np.zeros(num_seqs, np.int32)
-        page_tables = np.zeros((num_seqs, width), np.int32)
-        context_lens = np.zeros(num_seqs, np.int32)
-        is_first = np.zeros(num_seqs, np.bool_)
-        is_last = np.zeros(num_seqs, np.bool_)
-        snapshot_ids = np.zeros((num_seqs, -(-size // 64)), np.int32)
-        offset = 0
-        for s, (r, n) in enumerate(chunks):
-            start = r.num_prefilled
-            tokens[offset: offset + n] = r.prompt_ids[start: start + n]
-            positions[offset: offset + n] = np.arange(start, start + n)
-            seq_index[offset: offset + n] = s
-            valid[offset: offset + n] = True
-            offset += n
-            cu[s + 1] = offset
-            slot_ids[s] = r.slot
-            page_tables[s] = page_table_row(r.pages, width)
-            context_lens[s] = start + n
-            is_first[s] = start == 0
-            is_last[s] = start + n == len(r.prompt_ids)
-            for boundary, snapshot in r.snapshot_plan:
-                snapshot_ids[s, -(-(boundary - start) // 64) - 1] = snapshot  # the GDN chunk ending there
-        cu[len(chunks) + 1:] = offset
-        rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
-        return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
-                            is_first, is_last, snapshot_ids, rows, want_top)
+        return prefill_batch(chunks, size, self.config.max_prefill_seqs, self.layout.max_pages_per_seq,
+                             self.valid_vocab)
 
     # -- calls ---------------------------------------------------------------------------------------
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
@@ -502,31 +385,19 @@ class Runner:
         """The prompt's logprobs (see `PromptScorer.score`); None while their program is being built."""
         return self.scorer.score(self.weights, prompt_ids, top_n)
 
-    def save_snapshots(self, pairs: list[tuple[int, int]]) -> None:
-        """Queue copies of each (slot, snapshot)'s slot state into the snapshot, after the steps queued so far."""
-        if pairs:
-            self._copy_snapshots("snapshot_save", pairs)
-
-    def restore_snapshots(self, pairs: list[tuple[int, int]]) -> None:
-        """Queue copies of each (slot, snapshot)'s snapshot into the slot, before the steps queued after."""
-        if pairs:
-            self._copy_snapshots("snapshot_restore", pairs)
-
-    def _copy_snapshots(self, kind: str, pairs: list[tuple[int, int]]) -> None:
-        """Run ``kind``'s copy program over ``pairs``, ``max_prefill_seqs`` at a time (once over padding when none)."""
+    def restore_snapshots(self, pairs: list[tuple[int, int]], *, padding: bool = False) -> None:
+        """Queue copies of each (slot, snapshot)'s snapshot into the slot, before the steps queued after,
+        ``max_prefill_seqs`` at a time (``padding``: once over padding, the warm-up's run)."""
         size = self.config.max_prefill_seqs
-        program = self.program((kind, size))
-        for start in range(0, max(len(pairs), 1), size):
+        program = self.program(("snapshot_restore", size))
+        for start in range(0, len(pairs) or int(padding), size):
             group = pairs[start: start + size]
             slot_ids, snapshot_ids = np.zeros(size, np.int32), np.zeros(size, np.int32)
             for i, (slot, snapshot) in enumerate(group):
                 slot_ids[i], snapshot_ids[i] = slot, snapshot
-            if kind == "snapshot_save":
-                self.snapshots = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
-            else:
-                self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
+            self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
             if group:
-                self.runs[kind, size] += 1
+                self.runs["snapshot_restore", size] += 1
 
     @staticmethod
     def read(call: DecodeCall) -> list[Sampled]:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybrid_jax.engine.config import EngineConfig
-from hybrid_jax.engine.prefix_cache import ROOT, PrefixCache
+from hybrid_jax.engine.prefix_cache import GDN_CHUNK, ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybrid_jax.engine")
 
 Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
-GDN_CHUNK = 64  # tokens of the prefill kernel's chunks: a step writes GDN states only at their ends
 
 
 class Scheduler:

@@ -1,5 +1,5 @@
-"""The engine's fixed-shape steps over the cache pools: packed chunked prefill, batched decode, and the prefix
-cache's state snapshot copies.
+"""The engine's fixed-shape steps over the cache pools: packed chunked prefill (writing the prefix cache's state
+snapshots), batched decode, and the restore of a snapshot into a slot.
 
 Both are pure functions of (weights, pools, batch) that the engine jits once per shape bucket with the
 pools donated, so every cache update is in place. Each runs the model's decoder over a cache of
@@ -132,18 +132,10 @@ def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch,
     return sampled, pools
 
 
-def save_snapshots(pools: dict, snapshots: dict, slot_ids: jax.Array, snapshot_ids: jax.Array) -> dict:
-    """Copy each slot's GDN conv ring, recurrent state and prompt mask into its snapshot; returns the new
-    snapshot pool. slot_ids, snapshot_ids [S] i32 (padding: 0 -> 0, the null slot into the null snapshot)."""
-    layers = [{k: snap[k].at[snapshot_ids].set(pool[k][slot_ids]) for k in snap}
-              for pool, snap in zip(pools["layers"], snapshots["layers"], strict=True)]
-    prompt_mask = snapshots["prompt_mask"].at[snapshot_ids].set(pools["prompt_mask"][slot_ids])
-    return {"layers": layers, "prompt_mask": prompt_mask}
-
-
 def restore_snapshots(pools: dict, snapshots: dict, slot_ids: jax.Array, snapshot_ids: jax.Array) -> dict:
     """Copy each snapshot into its slot (GDN state and prompt mask) and zero the slot's output counts: the slot
-    continues a prompt from the snapshot's boundary. Returns the new pools; ids as `save_snapshots`'."""
+    continues a prompt from the snapshot's boundary. Returns the new pools. slot_ids, snapshot_ids [S] i32
+    (padding: the null snapshot into the null slot)."""
     layers = [{k: pool[k].at[slot_ids].set(snap[k][snapshot_ids]) if k in snap else pool[k] for k in pool}
               for pool, snap in zip(pools["layers"], snapshots["layers"], strict=True)]
     prompt_mask = pools["prompt_mask"].at[slot_ids].set(snapshots["prompt_mask"][snapshot_ids])

@@ -12,8 +12,8 @@ from flax import nnx
 
 import hybrid_jax
 from hybrid_jax.engine.cache import pages_for
+from hybrid_jax.engine.calls import FirstTokens, host_samples
 from hybrid_jax.engine.engine import Engine, EngineConfig, QueueFullError, Request
-from hybrid_jax.engine.runner import FirstTokens, host_samples
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.generate import greedy_generate
 

@@ -7,7 +7,6 @@ from flax import nnx
 
 from hybrid_jax.config import preset
 from hybrid_jax.engine import cache
-from hybrid_jax.engine.runner import _device_bytes
 from hybrid_jax.loader import random_model
 from hybrid_jax.weights import abstract_model
 
@@ -16,7 +15,7 @@ def test_weight_bytes_same_abstract_and_loaded():
     config = preset("tiny")
     loaded = jax.tree.leaves(nnx.state(random_model(config, "float32", 0)))
     abstract = jax.tree.leaves(nnx.state(abstract_model(config, jnp.dtype("float32"))))
-    assert _device_bytes(abstract) == _device_bytes(loaded) == sum(w.nbytes for w in loaded)
+    assert cache.weight_device_bytes(abstract) == cache.weight_device_bytes(loaded) == sum(w.nbytes for w in loaded)
 
 
 def test_plan_from_the_memory_limit(monkeypatch):
