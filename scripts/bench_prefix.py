@@ -14,8 +14,8 @@ null where it omits them, as vLLM does without ``--enable-prompt-tokens-details`
   /reset_prefix_cache before each length (a 404, vLLM outside its dev mode, is ignored); ``--warmup`` first
   sends an unrelated prompt of the same shape, so that the cold figure holds no one-off start-up cost. A
   prompt's last token is always computed, and a hybrid model resumes only from a cached state snapshot, so
-  the identical prompt can hit fewer tokens than the prefix + suffix one (ours: up to the last snapshot before
-  the prompt's end, every 256 tokens by default).
+  the identical prompt can hit fewer tokens than the prefix + suffix one (ours: up to the last 64-token block
+  boundary before the prompt's last token).
 - ``chat``: a multi-turn conversation on /v1/chat/completions: a system prompt of random words, each turn a
   user message of random words and 128 tokens answered with ignore_eos; the answer's content joins the messages.
   Per turn: TTFT, prompt and cached tokens; in all: the summed TTFT.
