@@ -8,6 +8,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.server.test_server_errors import assert_error
+from tests.server.test_server_hostile_inputs import idle_engine
 
 USER = [{"role": "user", "content": "Describe the weather."}]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "color", "n"],
@@ -140,3 +141,14 @@ def test_mixed_batch_keeps_plain_greedy_tokens(server, client):
     for choice in results:
         assert choice.finish_reason == "stop"
         check_schema(json.loads(choice.text))
+
+
+def test_cancelled_grammar_request_frees_its_row(server, client):
+    stream = client.completions.create(model=server.model, prompt="JSON:", max_tokens=300, temperature=1.0, seed=9,
+                                       stream=True, extra_body={"response_format": {"type": "json_object"}})
+    next(iter(stream))
+    stream.close()  # the server cancels the request: slot, pages and matcher go
+    assert not any(idle_engine(server).values())
+    out = client.completions.create(model=server.model, prompt="x", max_tokens=2, temperature=0,
+                                    extra_body={"guided_choice": ["ok"]})
+    assert out.choices[0].text == "ok"
