@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=None,
                         help="the engine's, with every decode bucket up to it (default: the largest concurrency, "
                              "one decode program per level measured)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="the engine's prefix cache (every prompt here is new: its cost without hits)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ready_start = time.monotonic()
@@ -94,7 +96,8 @@ def main() -> None:
     config = EngineConfig(max_batch=max_batch, max_model_len=max_len, page_size=16,
                           prefill_chunk=args.prompt_len, max_prefill_seqs=1, prefill_sizes=(args.prompt_len,),
                           memory_utilization=args.memory_utilization, decode_steps=args.decode_steps,
-                          tensor_parallel_size=args.tensor_parallel_size, **buckets)
+                          tensor_parallel_size=args.tensor_parallel_size,
+                          enable_prefix_caching=args.enable_prefix_caching, **buckets)
     engine = Engine(model, config, valid_vocab=248_077).start()
     ready = time.monotonic() - ready_start
     compiles = CompileCounter()
@@ -103,10 +106,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for c in args.concurrency:
-        prompts = [rng.integers(0, 248_000, args.prompt_len).tolist() for _ in range(c)]
-        run(engine, prompts[:1], 4)  # settle
+        prompts = [rng.integers(0, 248_000, args.prompt_len).tolist() for _ in range(c + 1)]
+        run(engine, prompts[-1:], 4)  # settle (a prompt of its own: no prefix cache hit for the measured ones)
+        prompts = prompts[:-1]
         before = compiles.count
-        rows.append({"size": args.size, "tp": args.tensor_parallel_size, "concurrency": c,
+        rows.append({"size": args.size, "tp": args.tensor_parallel_size, "prefix_caching": args.enable_prefix_caching,
+                     "concurrency": c,
                      **run(engine, prompts, args.output_len), "compiles": compiles.count - before})
         print(json.dumps(rows[-1]), flush=True)
     memory = device_memory(model, engine)

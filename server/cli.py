@@ -29,7 +29,7 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve_args.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
                             help="report ready once the largest decode and prefill programs are built (loaded from "
                                  "the cache or compiled) and build the rest in the background (default on)")
-    serve_args.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+    serve_args.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                             help="reuse the KV pages and GDN state of cached prompt prefixes (exact)")
     serve_args.add_argument("--request-read-timeout", type=float, default=15.0,
                             help="seconds a request's head and body may take to arrive, else 408 (slow clients)")

@@ -27,7 +27,7 @@ class Settings:
     decode_sizes: tuple[int, ...] | None = None  # decode batch buckets (env: "1,8,32"); None: powers of two
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     background_compile: bool = True  # ready once the largest buckets are built; the rest compile after
-    enable_prefix_caching: bool = False  # reuse the KV pages and GDN state of cached prompt prefixes
+    enable_prefix_caching: bool = True  # reuse the KV pages and GDN state of cached prompt prefixes
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024

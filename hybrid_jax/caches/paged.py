@@ -35,6 +35,7 @@ from pallas_kernels.paged_attention import (
 F32 = jnp.float32
 HEADS3 = P(None, TP, None)  # [tokens, heads, dim]
 HEADS2 = P(None, TP)  # [tokens, heads]
+UNNAMED = 1 << 30  # a snapshot id past any pool (a negative one would count from the end)
 
 
 class PagedKernels:
@@ -45,6 +46,8 @@ class PagedKernels:
         self.tp = 1 if mesh is None else mesh.shape[TP]
         wrap = self._wrap
         self.gdn_chunk = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE), (HEADS3, STATE))
+        self.gdn_chunk_snapshots = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE, WHOLE,
+                                                    STATE), (HEADS3, STATE, STATE))
         self.gdn_decode = wrap(gdn_decode, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, STATE), (HEADS3, STATE))
         self.write_kv = wrap(write_kv, (KV_PAGES, KV_PAGES, HEADS3, HEADS3, WHOLE), (KV_PAGES, KV_PAGES))
         self.decode_attention = wrap(paged_decode_attention, (HEADS3, KV_PAGES, KV_PAGES, WHOLE, WHOLE), HEADS3)
@@ -120,15 +123,34 @@ class _Paged(Cache):
         raise NotImplementedError
 
 
+def snapshot_entries(snapshot_ids, cu_seqlens):
+    """The snapshots a prefill step writes, as fixed-size lists: snapshot_ids [S, N] (sequence s's state after its
+    GDN chunk c, its first min((c + 1) 64, tokens) tokens, into snapshot ids[s, c] where > 0) -> (sequence [N],
+    tokens into the chunk [N], snapshot [N]), entries past the last named one at snapshot ``UNNAMED`` (past any
+    pool: dropped by the scatters). N entries suffice: each but a sequence's last takes 64 of the step's tokens."""
+    num_chunks = snapshot_ids.shape[1]
+    flat = snapshot_ids.reshape(-1)  # [S N]
+    (index,) = jnp.nonzero(flat > 0, size=num_chunks, fill_value=flat.shape[0])
+    named = index < flat.shape[0]
+    seq, chunk = jnp.where(named, index // num_chunks, 0), index % num_chunks
+    tokens = jnp.minimum((chunk + 1) * 64, cu_seqlens[seq + 1] - cu_seqlens[seq])
+    snapshot = jnp.where(named, flat[jnp.minimum(index, flat.shape[0] - 1)], UNNAMED)
+    return seq, tokens, snapshot
+
+
 class PrefillCache(_Paged):
-    """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot."""
+    """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot. With
+    ``snapshots`` (the snapshot pool's layers) and ``snapshot_ids`` [S, ceil(T / 64)] (see `snapshot_entries`),
+    each GDN layer also writes its conv ring and recurrent state at those boundaries into ``updated_snapshots``."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, seq_index, valid, cu_seqlens, slot_ids,
-                 page_tables, context_lens, is_first):
+                 page_tables, context_lens, is_first, snapshots: list[dict] | None = None, snapshot_ids=None):
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, seq_index, positions, valid, page_size))
         self.seq_index, self.cu_seqlens = seq_index, cu_seqlens
         self.context_lens, self.is_first = context_lens, is_first
+        self.snapshots, self.snapshot_ids = snapshots, snapshot_ids
+        self.updated_snapshots = None if snapshots is None else list(snapshots)
 
     def attend(self, q, k_pages, v_pages, scale):
         return self.kernels.prefill_attention(q, k_pages, v_pages, self.page_tables, self.cu_seqlens,
@@ -142,10 +164,17 @@ class PrefillCache(_Paged):
         new_tokens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]  # [S]
         ring = conv_pool[self.slot_ids]  # [S, K, C]
         before = conv_ring_columns(self.context_lens - new_tokens, gdn.kernel)  # [S, K-1]: the cached columns
-        conv_out, new_conv = self._packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1))
+        conv_out, new_conv, ext = self._packed_conv(gdn, mixed, jnp.take_along_axis(ring, before[..., None], axis=1))
         q, k, v = (t.astype(gdn.out_proj.kernel.dtype) for t in gdn.heads(conv_out))  # the kernel's fast path: bf16
         g, beta = gdn.gates(b, a)
-        o, state_pool = self.kernels.gdn_chunk(q, k, v, g, beta, self.cu_seqlens, self.slot_ids, state_pool)
+        args = (q, k, v, g, beta, self.cu_seqlens, self.slot_ids, state_pool)
+        if self.snapshots is None:
+            o, state_pool = self.kernels.gdn_chunk(*args)
+        else:
+            snap = self.snapshots[index]
+            o, state_pool, snap_state = self.kernels.gdn_chunk_snapshots(*args, self.snapshot_ids, snap["state"])
+            snap_conv = self._conv_snapshots(ext, snap["conv"], new_tokens, gdn.kernel)
+            self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}
         after = conv_ring_columns(self.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
         seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
         new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
@@ -153,32 +182,48 @@ class PrefillCache(_Paged):
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
 
+    def _conv_snapshots(self, ext, snap_conv, new_tokens, kernel: int):
+        """snap_conv [snapshots, K, C] with the conv ring at each snapshot boundary written: the K raw columns
+        before it (from the slot's cached columns where the chunk has fewer), position t at column t mod K.
+        ext: `_packed_conv`'s cached + new columns; new_tokens [S]."""
+        seq, tokens, snapshot = snapshot_entries(self.snapshot_ids, self.cu_seqlens)  # [M] each
+        offsets = tokens[:, None] - kernel + jnp.arange(kernel)[None, :]  # [M, K] within the chunk (may be < 0)
+        columns = (self.context_lens - new_tokens)[seq][:, None] + offsets  # [M, K] positions in the sequence
+        rings = jnp.zeros((seq.shape[0], kernel, ext.shape[-1]), snap_conv.dtype)
+        rings = rings.at[jnp.arange(seq.shape[0])[:, None], columns % kernel].set(
+            ext[self._ext_row(seq[:, None], offsets, kernel)].astype(snap_conv.dtype))
+        return snap_conv.at[snapshot].set(rings, mode="drop")
+
+    def _ext_row(self, seq, offset, kernel: int):
+        """The row of `_packed_conv`'s ext holding time ``offset`` (may be down to -(K-1): a cached column) of
+        sequence ``seq``."""
+        num_seqs = self.slot_ids.shape[0]
+        from_cache = seq * (kernel - 1) + (kernel - 1) + offset
+        from_new = num_seqs * (kernel - 1) + self.cu_seqlens[seq] + offset
+        return jnp.where(offset >= 0, from_new, from_cache)
+
     def _packed_conv(self, gdn, mixed, conv_prev):
         """Causal conv over packed sequences, each continuing from its cached columns.
 
-        mixed [T, C] raw projections; conv_prev [S, K-1, C]. Returns conv output [T, C] fp32 and the new
-        conv state [S, K-1, C] (the last K-1 raw columns of each sequence, cache first).
+        mixed [T, C] raw projections; conv_prev [S, K-1, C]. Returns conv output [T, C] fp32, the new conv
+        state [S, K-1, C] (the last K-1 raw columns of each sequence, cache first) and ext [S (K-1) + T, C], the
+        cached columns then the new ones (rows by `_ext_row`).
         """
         kernel = gdn.kernel
         num_seqs = conv_prev.shape[0]
         cached = conv_prev.reshape(num_seqs * (kernel - 1), -1).astype(mixed.dtype)
         ext = jnp.concatenate([cached, mixed], axis=0)  # [S (K-1) + T, C]
         starts = self.cu_seqlens[:-1]  # [S]
-
-        def source(seq, offset):  # row of ext holding time ``offset`` (may be negative) of sequence ``seq``
-            from_cache = seq * (kernel - 1) + (kernel - 1) + offset
-            from_new = num_seqs * (kernel - 1) + starts[seq] + offset
-            return jnp.where(offset >= 0, from_new, from_cache)
-
         t = jnp.arange(mixed.shape[0])
         seq = self.seq_index
         offset = t - starts[seq]
         w = gdn.conv1d.weight[...].astype(F32)  # [K, C]
-        conv = sum(ext[source(seq, offset - (kernel - 1) + j)].astype(F32) * w[j] for j in range(kernel))
+        conv = sum(ext[self._ext_row(seq, offset - (kernel - 1) + j, kernel)].astype(F32) * w[j]
+                   for j in range(kernel))
         lengths = self.cu_seqlens[1:] - starts  # [S]
         seqs = jnp.arange(num_seqs)[:, None]
         tail = lengths[:, None] - (kernel - 1) + jnp.arange(kernel - 1)[None, :]  # [S, K-1]
-        return conv, ext[source(seqs, tail)]
+        return conv, ext[self._ext_row(seqs, tail, kernel)], ext
 
 
 class DecodeCache(_Paged):

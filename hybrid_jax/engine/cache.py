@@ -80,20 +80,22 @@ class BlockAllocator:
         self._free.extend(reversed(ids))
 
 
-def device_memory_bytes() -> int | None:
-    """Free bytes on the first device, when the backend reports it (GPUs do, CPUs do not)."""
+def device_memory_limit() -> int | None:
+    """The bytes JAX's allocator may hold on the first device, when the backend reports it (GPUs do, CPUs do
+    not). A constant of the device and the process's settings: a plan from it is the same before and after the
+    weights load, so the pools' shapes (and with them the stored programs' keys) are too."""
     stats = jax.devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
-    return None if limit is None else int(limit - stats.get("bytes_in_use", 0))
+    return None if limit is None else int(limit)
 
 
 def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_model_len: int, page_size: int,
                 memory_utilization: float, num_pages: int | None = None, tp: int = 1,
-                reserved_bytes: int = 0, snapshot_share: float = 0.0,
+                weight_bytes: int = 0, snapshot_share: float = 0.0,
                 num_snapshots: int | None = None) -> CacheLayout:
-    """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains
-    (``reserved_bytes``: memory still to be taken, by weights not loaded yet), less ``snapshot_share`` of it
-    for the prefix cache's state snapshots (0: no snapshot pool).
+    """Reserve slots for ``max_batch`` requests first, then give the KV pool what memory remains besides the
+    weights (``weight_bytes`` per device, loaded or not), less ``snapshot_share`` of it for the prefix cache's
+    state snapshots (0: no snapshot pool).
 
     Without a device memory figure (CPU) or with ``num_pages`` given, the KV pool holds ``num_pages``
     (default: enough for every slot to reach ``max_model_len``) and the snapshot pool ``num_snapshots``
@@ -101,17 +103,17 @@ def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_
     """
     max_pages_per_seq = -(-max_model_len // page_size)
     num_slots = max_batch + 1
-    free = device_memory_bytes() if num_pages is None or num_snapshots is None else None
+    limit = device_memory_limit() if num_pages is None or num_snapshots is None else None
     if snapshot_share <= 0:
         num_snapshots = 0
-    elif num_snapshots is None and (free is None or num_pages is not None):
+    elif num_snapshots is None and (limit is None or num_pages is not None):
         num_snapshots = 4 * max_batch + 1
     if num_pages is None:
-        if free is None:
+        if limit is None:
             num_pages = max_batch * max_pages_per_seq + 1
         else:
             # Per device: state slots and KV pages split over ``tp`` shards (KV heads at least one per shard).
-            budget = (free - reserved_bytes) * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
+            budget = (limit - weight_bytes) * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
             per_page = page_bytes(config, dtype, page_size) * max(config.num_key_value_heads, tp) / \
                 (config.num_key_value_heads * tp)
             if num_snapshots is None:

@@ -24,10 +24,9 @@ class EngineConfig:
     # not): fewer bounds the autotuner's scratch memory and the warm-up's CPU load
     background_compile: bool = False  # build only the programs that serve any request before start returns (the
     # largest decode and prefill buckets), the rest in a background thread after it
-    enable_prefix_caching: bool = False  # share the KV pages and GDN state of cached prompt prefixes (exact); off
-    # by default while a prompt's prefill chunks end at every snapshot boundary (more, smaller prefill steps)
+    enable_prefix_caching: bool = True  # share the KV pages and GDN state of cached prompt prefixes (exact)
     prefix_block: int = 64  # tokens of a cached block: a multiple of page_size and of the GDN chunk (64)
-    snapshot_stride: int = 4  # a GDN state snapshot every this many blocks (and at a prompt's last full block)
+    snapshot_stride: int = 4  # a GDN state snapshot every this many blocks (and at a prompt's last boundaries)
     snapshot_share: float = 0.1  # share of the KV pool's memory given to state snapshots (device memory known)
     num_snapshots: int | None = None  # state snapshots (incl. the null one); None: from snapshot_share, or
     # 4 * max_batch without a device memory figure (CPU)

@@ -254,7 +254,7 @@ class Engine:
                                          if r.grammar_active and r.num_prefilled + n == len(r.prompt_ids)])
         sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks))
         done, rows = self.scheduler.prefilled(chunks)
-        self.runner.save_snapshots(self.scheduler.cache_prefilled(chunks))
+        self.scheduler.cache_prefilled(chunks)
         if done:  # read by `_decode`, after it queues the first decode call over them
             self._first = FirstTokens(done, rows, sampled)
 

@@ -72,21 +72,41 @@ class PrefixCache:
 
     def snapshot_wanted(self, boundary: int, prompt_len: int) -> bool:
         """Whether the state after position ``boundary`` (a block multiple) of a prompt is snapshotted: every
-        ``snapshot_stride``-th block boundary and the prompt's last full block boundary."""
-        if boundary <= 0 or boundary % self.block_size:
-            return False
-        blocks = boundary // self.block_size
-        return blocks % self.snapshot_stride == 0 or blocks == prompt_len // self.block_size
-
-    def next_cut(self, start: int, prompt_len: int) -> int:
-        """The first snapshot boundary past ``start`` (at most the prompt's end): a prefill chunk ends there."""
+        ``snapshot_stride``-th block boundary, the last one before the prompt's last token (what the same prompt
+        sent again resumes from) and the prompt's end when it is one (what a continuation resumes from)."""
         b = self.block_size
-        boundary = (start // b + 1) * b
-        while boundary <= prompt_len:
-            if self.snapshot_wanted(boundary, prompt_len):
-                return boundary
-            boundary += b
-        return prompt_len
+        if boundary <= 0 or boundary % b or boundary > prompt_len:
+            return False
+        return (boundary // b) % self.snapshot_stride == 0 or boundary in ((prompt_len - 1) // b * b, prompt_len)
+
+    def chunk_end(self, start: int, end: int, prompt_len: int) -> int:
+        """Where a prefill chunk from ``start`` with room up to ``end`` stops: the prompt's end if it is within
+        room, else the last block boundary within room (``end`` when there is none past ``start``), so that the
+        chunks after a boundary start on one."""
+        if end >= prompt_len:
+            return prompt_len
+        boundary = end // self.block_size * self.block_size
+        return boundary if boundary > start else end
+
+    def reserve_snapshot(self) -> int:
+        """A snapshot id for a state a step is about to write (evicting unused blocks for one), or 0 when none
+        can be freed. The caller attaches it to a block (`attach_snapshot`) or frees it."""
+        while self.snapshots.num_free == 0:
+            victim = next((i for i in self.unused if self._holds_snapshot(i)), None)
+            if victim is None:
+                return 0
+            self._evict(victim)
+        return self.snapshots.allocate(1)[0]
+
+    def attach_snapshot(self, block: Block, snapshot: int) -> None:
+        """Give ``block`` the written ``snapshot`` (freed instead when the block has one already)."""
+        if block.snapshot:
+            self.snapshots.free([snapshot])
+        else:
+            block.snapshot = snapshot
+
+    def free_snapshots(self, snapshots: list[int]) -> None:
+        self.snapshots.free([i for i in snapshots if i])
 
     # -- holding -------------------------------------------------------------------------------------
     def acquire(self, blocks: list[Block]) -> None:
@@ -118,19 +138,6 @@ class PrefixCache:
         if parent != ROOT:
             self.blocks[parent].children.add(block.block_id)
         return block, True
-
-    def take_snapshot(self, block: Block) -> int:
-        """A snapshot id for the state at ``block``'s end (evicting unused blocks for one), or 0 when it has
-        one already or none can be freed."""
-        if block.snapshot:
-            return 0
-        while self.snapshots.num_free == 0:
-            victim = next((i for i in self.unused if self._holds_snapshot(i)), None)
-            if victim is None:
-                return 0
-            self._evict(victim)
-        block.snapshot = self.snapshots.allocate(1)[0]
-        return block.snapshot
 
     def _holds_snapshot(self, block_id: int) -> bool:
         block = self.blocks[block_id]

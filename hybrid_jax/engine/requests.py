@@ -56,6 +56,7 @@ class Request:
     num_prefilled: int = 0
     blocks: list = field(default_factory=list)  # the prefix cache's blocks of the prompt it holds, in order
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
+    snapshot_plan: list = field(default_factory=list)  # (boundary, snapshot id) the next prefill step writes
     cancelled: bool = False
     finished: bool = False
     min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens

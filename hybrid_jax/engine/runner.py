@@ -90,6 +90,15 @@ def host_samples(sampled: Sampled, requests: list[Request]) -> Sampled:
                    np.asarray(sampled.top_logprobs) if want_top else None)
 
 
+def _device_bytes(weights: list) -> int:
+    """Bytes the weights take on one device: their whole size unloaded (an engine over a mesh loads first),
+    the first device's shards loaded."""
+    if any(isinstance(w, jax.ShapeDtypeStruct) for w in weights):
+        return sum(w.size * w.dtype.itemsize for w in weights)
+    device = jax.devices()[0]
+    return sum(s.data.nbytes for w in weights for s in w.addressable_shards if s.device == device)
+
+
 def _is_abstract(model: nnx.Module) -> bool:
     return any(isinstance(w, jax.ShapeDtypeStruct) for w in jax.tree.leaves(nnx.state(model)))
 
@@ -110,11 +119,10 @@ class Runner:
         self._graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
         self.weights = tuple(leaves)
-        unloaded = 0 if self.weights_loaded else sum(w.size * w.dtype.itemsize for w in leaves)
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages,
-                                  tp=config.tensor_parallel_size, reserved_bytes=unloaded,
+                                  tp=config.tensor_parallel_size, weight_bytes=_device_bytes(leaves),
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
         shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
@@ -199,7 +207,7 @@ class Runner:
         steps per call only for greedy batches."""
         step_kw = dict(kernels=PagedKernels(self.model.config, self.mesh), page_size=self.layout.page_size,
                        valid_vocab=self.valid_vocab)
-        jit_kw = dict(donate_argnums=1)
+        prefill_kw = dict(donate_argnums=(1, 2))  # the pools and the snapshots
         # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
         decode_kw = dict(donate_argnums=(1, 2))
         if self.mesh is not None:
@@ -208,11 +216,12 @@ class Runner:
             # for (and decode_batch places the host's batch the same way: the same input type).
             replicated = self._batch_sharding
             weight_shardings = tuple(w.sharding for w in self.weights)
-            jit_kw = dict(jit_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
-                          out_shardings=(replicated, self._pool_shardings))
-            decode_kw = dict(jit_kw, donate_argnums=(1, 2),
+            prefill_kw = dict(prefill_kw, in_shardings=(weight_shardings, self._pool_shardings,
+                                                        self._snapshot_shardings, replicated),
+                              out_shardings=(replicated, self._pool_shardings, self._snapshot_shardings))
+            decode_kw = dict(decode_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
                              out_shardings=(replicated, replicated, self._pool_shardings))
-        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **jit_kw)
+        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **prefill_kw)
         decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy, **step_kw),
                                        **decode_kw) for greedy in (False, True)}
         if self.decode_steps > 1:
@@ -240,9 +249,9 @@ class Runner:
                                     rows=batch.rows._replace(step=advance(batch.rows.step)))
         return sampled, next_batch, pools
 
-    def _run(self, step, weights: tuple[jax.Array, ...], pools, batch, **kw):
+    def _run(self, step, weights: tuple[jax.Array, ...], *args, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
-        return step(model, pools, batch, **kw)
+        return step(model, *args, **kw)
 
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
@@ -255,6 +264,7 @@ class Runner:
         placed = lambda a: a.sharding if self.mesh is not None else None
         shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
         pools = jax.tree.map(shape_of, self.pools)
+        snapshots = jax.tree.map(shape_of, self.snapshots) if self.snapshots is not None else None
         weights = tuple(map(shape_of, self.weights))
         largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
         rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
@@ -275,10 +285,9 @@ class Runner:
                                                        (pools, rows(size), masks), essential=size == largest_decode)
         for size in reversed(self.config.prefill_buckets):
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
-                                                 (weights, pools, self.prefill_batch([], size)),
+                                                 (weights, pools, snapshots, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
         if self.snapshots is not None:
-            snapshots = jax.tree.map(shape_of, self.snapshots)
             pairs = (rows(self.config.max_prefill_seqs),) * 2
             specs["snapshot_save", self.config.max_prefill_seqs] = ProgramSpec(
                 "snapshot save", self._save, (pools, snapshots, *pairs), essential=True)
@@ -348,6 +357,8 @@ class Runner:
                              np.full(key[1], -1, np.int32))
                 elif key[0].startswith("snapshot_"):
                     self._copy_snapshots(key[0], [])
+                elif key[0] == "prefill":
+                    _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
                 elif key[0] == "grammar_masks":
                     self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
                 else:
@@ -457,6 +468,7 @@ class Runner:
         context_lens = np.zeros(num_seqs, np.int32)
         is_first = np.zeros(num_seqs, np.bool_)
         is_last = np.zeros(num_seqs, np.bool_)
+        snapshot_ids = np.zeros((num_seqs, -(-size // 64)), np.int32)
         offset = 0
         for s, (r, n) in enumerate(chunks):
             start = r.num_prefilled
@@ -471,17 +483,20 @@ class Runner:
             context_lens[s] = start + n
             is_first[s] = start == 0
             is_last[s] = start + n == len(r.prompt_ids)
+            for boundary, snapshot in r.snapshot_plan:
+                snapshot_ids[s, -(-(boundary - start) // 64) - 1] = snapshot  # the GDN chunk ending there
         cu[len(chunks) + 1:] = offset
         rows, want_top = self._sampling_rows([r for r, _ in chunks], num_seqs)
         return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
-                            is_first, is_last, rows, want_top)
+                            is_first, is_last, snapshot_ids, rows, want_top)
 
     # -- calls ---------------------------------------------------------------------------------------
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
         """Queue one prefill step over ``chunks`` at the first built of ``buckets``; its samples stay on the
         device ([max_prefill_seqs] rows, one per chunk)."""
         size, program = next((b, p) for b in buckets if (p := self.program(("prefill", b))) is not None)
-        sampled, self.pools = program(self.weights, self.pools, self.prefill_batch(chunks, size))
+        sampled, self.pools, self.snapshots = program(self.weights, self.pools, self.snapshots,
+                                                      self.prefill_batch(chunks, size))
         self.runs[("prefill", size)] += 1
         return sampled
 

@@ -7,10 +7,12 @@
   blocks to free pages). A request that can never fit is rejected at submit.
 - Prefix cache (`prefix_cache`): a request admitted on a hit holds the cached blocks, starts its prefill at
   their end and has its slot restored from their snapshot; each full prompt block it prefills is cached after
-  the step that completes it, and a snapshot of its slot is taken at the boundaries the cache wants one.
+  the step that completes it, with the snapshot that step wrote at its end where the cache wants one.
 - Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
-  chunks under the ``prefill_chunk`` token budget (a chunk ends at the next snapshot boundary), at the
-  smallest token bucket that holds them.
+  chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them. With the
+  prefix cache a chunk that does not finish its prompt ends on a block boundary where it can, and the step
+  writes the GDN state at the boundaries in it that the cache wants into snapshots reserved before it
+  (``snapshot_plan``).
 - Decode: every decoding request in one call, at the smallest batch bucket that holds them; a call chains
   after the one in flight while the requests stay the same; several steps per call only for a greedy batch
   (no top logprobs, no token constraints) with nothing waiting for prefill, and only while some request still
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybrid_jax.engine")
 
 Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
+GDN_CHUNK = 64  # tokens of the prefill kernel's chunks: a step writes GDN states only at their ends
 
 
 class Scheduler:
@@ -179,7 +182,9 @@ class Scheduler:
             self.pages.free([p for p in r.pages if p not in cached])
         else:
             self.pages.free(r.pages)
-        r.slot, r.pages, r.blocks = 0, [], []
+        if r.snapshot_plan:  # planned for a step that it was cancelled or failed after
+            self.prefix.free_snapshots([snapshot for _, snapshot in r.snapshot_plan])
+        r.slot, r.pages, r.blocks, r.snapshot_plan = 0, [], [], []
         r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
         self.counters["requests_finished"] += 1
@@ -239,15 +244,29 @@ class Scheduler:
         budget = self.config.prefill_chunk
         chunks: list[tuple[Request, int]] = []
         for r in self.prefilling[: self.config.max_prefill_seqs]:
-            end = len(r.prompt_ids)
+            start, prompt_len = r.num_prefilled, len(r.prompt_ids)
+            end = min(prompt_len, start + budget)
             if self.prefix is not None:
-                end = self.prefix.next_cut(r.num_prefilled, end)
-            n = min(end - r.num_prefilled, budget)
-            if n <= 0:
+                end = self.prefix.chunk_end(start, start + budget, prompt_len)
+                r.snapshot_plan = self._plan_snapshots(start, end, prompt_len)
+            if end <= start:
                 break
-            chunks.append((r, n))
-            budget -= n
+            chunks.append((r, end - start))
+            budget -= end - start
         return chunks
+
+    def _plan_snapshots(self, start: int, end: int, prompt_len: int) -> list[tuple[int, int]]:
+        """The (boundary, snapshot id) states a chunk over prompt positions [start, end) writes: the wanted block
+        boundaries in (start, end] where one of the step's GDN chunks (64 tokens from ``start``) ends, each with a
+        snapshot id reserved (none where no id can be freed)."""
+        b = self.prefix.block_size
+        plan = []
+        for boundary in range((start // b + 1) * b, end + 1, b):
+            at_chunk_end = (boundary - start) % GDN_CHUNK == 0 or boundary == end
+            if at_chunk_end and self.prefix.snapshot_wanted(boundary, prompt_len) and (
+                    snapshot := self.prefix.reserve_snapshot()):
+                plan.append((boundary, snapshot))
+        return plan
 
     def prefill_buckets(self, chunks: list[tuple[Request, int]]) -> list[int]:
         """The token buckets that hold ``chunks``, smallest first (the runner takes the first one built)."""
@@ -268,27 +287,23 @@ class Scheduler:
                 rows.append(s)
         return done, rows
 
-    def cache_prefilled(self, chunks: list[tuple[Request, int]]) -> list[tuple[int, int]]:
-        """After `prefilled` over ``chunks``: cache the prompt blocks the step completed (each request holds
-        them) and return the (slot, snapshot) copies to queue after the step, for the requests whose chunk
-        ended at a boundary the cache wants a snapshot of."""
-        saves = []
+    def cache_prefilled(self, chunks: list[tuple[Request, int]]) -> None:
+        """After `prefilled` over ``chunks``: cache the prompt blocks the step completed (each request holds them)
+        and give the blocks at the boundaries of each chunk's snapshot plan the states the step wrote there."""
         if self.prefix is None:
-            return saves
+            return
         block_size, per_block = self.prefix.block_size, self.prefix.pages_per_block
         for r, _ in chunks:
+            plan, r.snapshot_plan = r.snapshot_plan, []
             if r.finished:
+                self.prefix.free_snapshots([snapshot for _, snapshot in plan])
                 continue
             for index in range(len(r.blocks), r.num_prefilled // block_size):
                 parent = r.blocks[-1].block_id if r.blocks else ROOT
                 pages = r.pages[index * per_block: (index + 1) * per_block]
                 r.blocks.append(self.prefix.add(parent, r.prompt_ids, index, pages)[0])
-            boundary = len(r.blocks) * block_size
-            if r.blocks and boundary == r.num_prefilled and self.prefix.snapshot_wanted(boundary, len(r.prompt_ids)):
-                snapshot = self.prefix.take_snapshot(r.blocks[-1])
-                if snapshot:
-                    saves.append((r.slot, snapshot))
-        return saves
+            for boundary, snapshot in plan:
+                self.prefix.attach_snapshot(r.blocks[boundary // block_size - 1], snapshot)
 
     def reset_prefix_cache(self) -> bool:
         """Evict every cached block no request holds; True when the cache is empty after."""

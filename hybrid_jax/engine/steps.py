@@ -13,7 +13,15 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from hybrid_jax.caches.paged import DecodeCache, FusedDecodeCache, PagedKernels, PrefillCache, reset_rows
+from hybrid_jax.caches.paged import (
+    UNNAMED,
+    DecodeCache,
+    FusedDecodeCache,
+    PagedKernels,
+    PrefillCache,
+    reset_rows,
+    snapshot_entries,
+)
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.model import Qwen35ForCausalLM
 
@@ -33,6 +41,8 @@ class PrefillBatch(NamedTuple):
     context_lens: jax.Array  # [S] i32 tokens in the cache after this chunk
     is_first: jax.Array  # [S] bool this chunk starts the sequence: its slot is reset
     is_last: jax.Array  # [S] bool the prompt ends in this chunk: the sample is the first output token
+    snapshot_ids: jax.Array  # [S, ceil(T / 64)] i32 snapshot of sequence s's state after its first (c + 1) * 64
+    # tokens, where > 0 (read only with a snapshot pool)
     rows: SamplingRows  # [S] settings; a sequence whose prompt ends in this chunk samples its first token
     want_top: jax.Array  # [] bool some row wants top logprobs
 
@@ -48,25 +58,43 @@ class DecodeBatch(NamedTuple):
     want_top: jax.Array  # [] bool
 
 
-def prefill_step(model: Qwen35ForCausalLM, pools: dict, batch: PrefillBatch, *, kernels: PagedKernels,
-                 page_size: int, valid_vocab: int) -> tuple[Sampled, dict]:
-    """Run one packed prefill chunk; returns a sample for every sequence's last token, and the new pools."""
+def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, batch: PrefillBatch, *,
+                 kernels: PagedKernels, page_size: int, valid_vocab: int) -> tuple[Sampled, dict, dict | None]:
+    """Run one packed prefill chunk; returns a sample for every sequence's last token, the new pools and, with a
+    snapshot pool, the new snapshots (each GDN state and prompt mask at the batch's snapshot boundaries)."""
     cache = PrefillCache(pools["layers"], kernels, kernels.projections(model), page_size=page_size,
                          positions=batch.positions, seq_index=batch.seq_index, valid=batch.valid,
                          cu_seqlens=batch.cu_seqlens, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
-                         context_lens=batch.context_lens, is_first=batch.is_first)
+                         context_lens=batch.context_lens, is_first=batch.is_first,
+                         snapshots=None if snapshots is None else snapshots["layers"],
+                         snapshot_ids=batch.snapshot_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [T, D]
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
     counts = reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first)
     prompt_mask = reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first)
+    if snapshots is not None:
+        snapshots = {"layers": cache.updated_snapshots,
+                     "prompt_mask": _prompt_mask_snapshots(snapshots["prompt_mask"], prompt_mask, batch)}
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
                      valid_vocab, grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids])
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
-    return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}
+    return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
+
+
+def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
+    """snapshot_masks [snapshots, V] with each snapshot's prompt mask written: its slot's mask before this chunk
+    (``prompt_mask`` [slots, V]) and the chunk's tokens before the boundary."""
+    seq, tokens, snapshot = snapshot_entries(batch.snapshot_ids, batch.cu_seqlens)  # [M] each
+    offsets = jnp.arange(batch.tokens.shape[0]) - batch.cu_seqlens[batch.seq_index]  # [T] within the chunk
+    before = (batch.seq_index[None, :] == seq[:, None]) & (offsets[None, :] < tokens[:, None]) & batch.valid  # [M, T]
+    entries = jnp.arange(seq.shape[0])[:, None]
+    masks = prompt_mask[batch.slot_ids[seq]].at[entries, jnp.where(before, batch.tokens, UNNAMED)].set(
+        True, mode="drop")  # [M, V]
+    return snapshot_masks.at[snapshot].set(masks, mode="drop")
 
 
 def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels, page_size: int,

@@ -31,20 +31,25 @@ def gdn_chunk(
     cu_seqlens: jax.Array,  # [S + 1] int32, cu_seqlens[0] == 0; tokens past cu_seqlens[S] are padding
     slot_ids: jax.Array,  # [S] int32, distinct for non-empty sequences
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [S, ceil(T / 64)] int32
+    snapshot_pool: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     impl: Impl = "auto",
     **tuning,
-) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype (0 on padding), state_pool
+) -> tuple[jax.Array, ...]:  # o [T, Hv, dv] in q's dtype (0 on padding), state_pool (, snapshot_pool)
     """Sequence s runs from state_pool[slot_ids[s]] and stores its final state there (empty ones: untouched).
+    With ``snapshot_ids`` and ``snapshot_pool`` its state after its first (c + 1) * 64 tokens also goes to
+    ``snapshot_pool[snapshot_ids[s, c]]`` where that id is > 0, and the snapshot pool comes back third.
 
     o comes in q's dtype: with bf16 inputs it is rounded to bf16, as HF rounds the delta rule's output before the
     gated norm. k of the tokens after a sequence's end (the next sequence's, padding) must be finite: the state
     pass multiplies them by the zero rows of V' that mask them."""
     interpret = kernel_mode("gdn_chunk", impl, _unsupported(q, k, v, state_pool))
+    pools = (state_pool,) if snapshot_pool is None else (state_pool, snapshot_ids, snapshot_pool)
     if interpret is None:
-        o, state_pool = reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool)
-        return o.astype(q.dtype), state_pool
-    return kernel.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, state_pool, interpret=interpret, **tuning)
+        o, *pools = reference.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, *pools)
+        return o.astype(q.dtype), *pools
+    return kernel.gdn_chunk(q, k, v, g, beta, cu_seqlens, slot_ids, *pools, interpret=interpret, **tuning)
 
 
 __all__ = ["Impl", "gdn_chunk"]

@@ -208,16 +208,18 @@ def _store_rows(ref, rows: jax.Array, ok: jax.Array, head, cols: jax.Array, x: j
     plgpu.store(ref.at[out[:, None], head, cols], x.astype(ref.dtype), mask=jnp.broadcast_to(ok[:, None], x.shape))
 
 
-def _state_kernel(
-    cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, state_in_ref, vnew_ref, h_ref, state_ref, *, group: int,
-    block_v: int
-):
+def _state_kernel(cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, *refs, group: int, block_v: int,
+                  snapshots: bool):
     """Program (sequence s, value head h, dv block): the state recurrence of s, sequential over its chunks.
 
     Stores each chunk's V' and its starting state (in the input dtype, as the output pass multiplies them)
-    and the final state in place. The k, w, u tiles go from their loads straight into the products (rows
+    and the final state in place; with ``snapshots``, also the fp32 state after chunk c into snapshot
+    ``snap_ids[s, c]`` where that is > 0. The k, w, u tiles go from their loads straight into the products (rows
     past the sequence are masked on V' instead), so Triton's pipeliner prefetches them chunks ahead."""
-    del state_in_ref  # the same buffer as state_ref (aliased)
+    if snapshots:
+        _, snap_ids_ref, _, vnew_ref, h_ref, state_ref, snap_ref = refs  # the pools' inputs alias their outputs
+    else:
+        _, vnew_ref, h_ref, state_ref = refs
     s, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     num_tokens, _, dk = k_ref.shape
     hk = h // group
@@ -245,7 +247,15 @@ def _state_kernel(
             gc_last = gc_ref[jnp.minimum(first + CHUNK, end) - 1, h]
             # (K * exp(gc_last - gc))^T V' with the decay on V' (the smaller tile); rows past the end add nothing.
             v_decayed = jnp.where(ok[:, None], v_new * jnp.exp(gc_last - gc)[:, None], 0.0).astype(dtype)
-            return state * jnp.exp(gc_last) + _dot(k_ref[rows, hk, cols_k], v_decayed, (0, 0))
+            state = state * jnp.exp(gc_last) + _dot(k_ref[rows, hk, cols_k], v_decayed, (0, 0))
+            if snapshots:
+                snap = snap_ids_ref[s, c]
+
+                @pl.when(snap > 0)
+                def _():
+                    snap_ref[snap, h, :, pl.ds(vb * block_v, block_v)] = state
+
+            return state
 
         state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
 
@@ -304,6 +314,8 @@ def gdn_chunk(
     cu_seqlens: jax.Array,  # [S + 1] int32
     slot_ids: jax.Array,  # [S] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [S, ceil(T / 64)] int32
+    snapshot_pool: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     state_block_v: int | None = None,
     output_block_v: int | None = None,
@@ -311,8 +323,12 @@ def gdn_chunk(
     num_warps: tuple[int, int, int] | None = None,
     num_stages: tuple[int, int, int] | None = None,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] in q's dtype, state_pool
+) -> tuple[jax.Array, ...]:  # o [T, Hv, dv] in q's dtype, state_pool (, snapshot_pool)
     """Chunked gated delta rule over a packed ragged batch; the state pool is updated in place when donated.
+
+    With ``snapshot_ids`` and ``snapshot_pool``, sequence s's state after its first (c + 1) * 64 tokens also goes
+    to ``snapshot_pool[snapshot_ids[s, c]]`` where that id is > 0 (in place when donated), and the updated
+    snapshot pool comes back third.
 
     q, k, v share one dtype (bf16 or fp32); dk, dv are powers of two >= 16. The state pass's programs each
     carry ``state_block_v`` of the state's dv columns, the output pass's each write ``output_block_v`` columns
@@ -354,21 +370,28 @@ def gdn_chunk(
     )(cu, k, v, g, beta)
 
     num_slots = num_tokens // CHUNK + num_seqs + 1  # chunk slots: every sequence's and the padding's
-    v_new, chunk_states, state_pool = pl.pallas_call(
-        functools.partial(_state_kernel, group=group, block_v=state_block_v),
+    snapshots = snapshot_pool is not None
+    if snapshots != (snapshot_ids is not None):
+        raise ValueError("snapshot_ids and snapshot_pool: give both or neither")
+    pools = (state_pool, snapshot_ids.astype(jnp.int32), snapshot_pool) if snapshots else (state_pool,)
+    out_pools = (jax.ShapeDtypeStruct(state_pool.shape, F32),)
+    if snapshots:
+        out_pools += (jax.ShapeDtypeStruct(snapshot_pool.shape, F32),)
+    v_new, chunk_states, *pools = pl.pallas_call(
+        functools.partial(_state_kernel, group=group, block_v=state_block_v, snapshots=snapshots),
         out_shape=(
             jax.ShapeDtypeStruct((num_tokens, num_v_heads, dv), q.dtype),  # V'
             jax.ShapeDtypeStruct((num_slots, num_v_heads, dk, dv), q.dtype),  # state at each chunk's start
-            jax.ShapeDtypeStruct(state_pool.shape, F32),
+            *out_pools,
         ),
         grid=(num_seqs, num_v_heads, dv // state_block_v),
-        in_specs=[pl.no_block_spec] * 7,
-        out_specs=(pl.no_block_spec,) * 3,
-        input_output_aliases={6: 2},
+        in_specs=[pl.no_block_spec] * (6 + len(pools)),
+        out_specs=(pl.no_block_spec,) * (2 + len(out_pools)),
+        input_output_aliases={6: 2, 8: 3} if snapshots else {6: 2},
         interpret=interpret,
         compiler_params=state_params,
         name="gdn_chunk_state",
-    )(cu, slot_ids.astype(jnp.int32), k, w, u, gc, state_pool)
+    )(cu, slot_ids.astype(jnp.int32), k, w, u, gc, *pools)
 
     o = pl.pallas_call(
         functools.partial(_output_kernel, group=group, block_v=output_block_v, block_k=output_block_k),
@@ -380,4 +403,4 @@ def gdn_chunk(
         compiler_params=output_params,
         name="gdn_chunk_output",
     )(cu, q, k, v_new, gc, chunk_states)
-    return o, state_pool
+    return (o, *pools)

@@ -26,8 +26,12 @@ def gdn_chunk(
     cu_seqlens: jax.Array,  # [S + 1] int32
     slot_ids: jax.Array,  # [S] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
-) -> tuple[jax.Array, jax.Array]:  # o [T, Hv, dv] fp32, state_pool
-    """Chunked gated delta rule (chunks of 64 within each sequence) over a packed batch of sequences."""
+    snapshot_ids: jax.Array | None = None,  # [S, ceil(T / 64)] int32
+    snapshot_pool: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
+) -> tuple[jax.Array, ...]:  # o [T, Hv, dv] fp32, state_pool (, snapshot_pool)
+    """Chunked gated delta rule (chunks of 64 within each sequence) over a packed batch of sequences; with
+    ``snapshot_ids`` and ``snapshot_pool``, sequence s's state after its first (c + 1) * 64 tokens also goes to
+    snapshot ``snapshot_ids[s, c]`` where that is > 0."""
     num_tokens = q.shape[0]
     num_slots = state_pool.shape[0]
     cu = cu_seqlens.astype(jnp.int32)
@@ -41,9 +45,10 @@ def gdn_chunk(
         rows = x[tok]
         return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), rows, jnp.zeros((), x.dtype))
 
-    o, final = gated_delta_chunked(
-        gather(q), gather(k), gather(v), gather(g), gather(beta), state_pool[slot_ids]
-    )  # [S, T_pad, Hv, dv], [S, Hv, dk, dv]
+    snapshots = snapshot_pool is not None
+    o, final, *states = gated_delta_chunked(
+        gather(q), gather(k), gather(v), gather(g), gather(beta), state_pool[slot_ids], chunk_states=snapshots
+    )  # [S, T_pad, Hv, dv], [S, Hv, dk, dv] (, [S, T_pad / 64, Hv, dk, dv])
 
     t = jnp.arange(num_tokens, dtype=jnp.int32)  # [T]
     seq = jnp.clip(jnp.searchsorted(cu, t, side="right") - 1, 0, cu.shape[0] - 2)  # [T], last s with cu[s] <= t
@@ -51,4 +56,9 @@ def gdn_chunk(
     o = jnp.where((t < cu[-1])[:, None, None], o, 0.0)
     target = jnp.where(lens > 0, slot_ids, num_slots)  # [S]; empty sequences: out of range, dropped
     state_pool = state_pool.at[target].set(final.astype(state_pool.dtype), mode="drop")
-    return o, state_pool
+    if not snapshots:
+        return o, state_pool
+    ids = snapshot_ids[:, : states[0].shape[1]]  # [S, N]
+    ids = jnp.where(ids > 0, ids, snapshot_pool.shape[0])  # none: out of range, dropped
+    snapshot_pool = snapshot_pool.at[ids].set(states[0].astype(snapshot_pool.dtype), mode="drop")
+    return o, state_pool, snapshot_pool

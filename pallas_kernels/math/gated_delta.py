@@ -69,11 +69,11 @@ def gated_delta_step(q, k, v, g, beta, state):
     return jnp.einsum("bhkv,bhk->bhv", s, q, precision=HIGHEST), s
 
 
-def gated_delta_chunked(q, k, v, g, beta, state, chunk_size: int = CHUNK_SIZE):
+def gated_delta_chunked(q, k, v, g, beta, state, chunk_size: int = CHUNK_SIZE, *, chunk_states: bool = False):
     """Chunked form (the algorithm the Pallas prefill kernel follows). Shapes as ``gated_delta_scan``.
 
     T need not be a multiple of ``chunk_size``: the tail is padded with g = beta = k = 0, which leaves
-    the state untouched.
+    the state untouched. With ``chunk_states``, the state after each chunk comes back third, [B, N, Hv, dk, dv].
     """
     b, t, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
@@ -116,9 +116,11 @@ def gated_delta_chunked(q, k, v, g, beta, state, chunk_size: int = CHUNK_SIZE):
         k_decayed = k_c * jnp.exp(g_last[..., None] - g_c)[..., None]  # [B, Hv, C, dk]
         s = s * jnp.exp(g_last)[..., None, None] + jnp.einsum(
             "bhck,bhcv->bhkv", k_decayed, v_new, precision=HIGHEST)
-        return s, o_c
+        return s, (o_c, s if chunk_states else None)
 
     chunk_major = [jnp.moveaxis(x, 2, 0) for x in (q, k, u, w, g, intra)]
-    final, o = lax.scan(chunk_step, state.astype(F32), chunk_major)  # o: [N, B, Hv, C, dv]
+    final, (o, states) = lax.scan(chunk_step, state.astype(F32), chunk_major)  # o: [N, B, Hv, C, dv]
     o = jnp.moveaxis(o, 0, 2).reshape(b, hv, n * chunk_size, dv)[:, :, :t]
+    if chunk_states:
+        return jnp.moveaxis(o, 1, 2), final, jnp.moveaxis(states, 0, 1)
     return jnp.moveaxis(o, 1, 2), final

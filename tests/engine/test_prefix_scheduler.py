@@ -1,5 +1,5 @@
-"""The prefix cache's decisions on fake requests, no device: hits, shared pages, chunk cuts at snapshot
-boundaries, nothing partial cached, eviction, and exact page / slot / snapshot accounting."""
+"""The prefix cache's decisions on fake requests, no device: hits, shared pages, chunks on block boundaries with
+their snapshot plans, nothing partial cached, eviction, and exact page / slot / snapshot accounting."""
 
 import random
 
@@ -27,18 +27,20 @@ def request(name: str, prompt: list[int], max_tokens: int = 4) -> Request:
 
 
 def step(s: Scheduler) -> tuple[list, list]:
-    """One loop turn without a device: admission, one prefill step, one token for each decoding request."""
+    """One loop turn without a device: admission, one prefill step, one token for each decoding request.
+    Returns the (slot, snapshot) restores and the (boundary, snapshot) plans of the step's chunks."""
     restores = s.admit()
-    saves = []
+    plans = []
     chunks = s.prefill_chunks()
     if chunks:
+        plans = [entry for r, _ in chunks for entry in r.snapshot_plan]
         done, _ = s.prefilled(chunks)
-        saves = s.cache_prefilled(chunks)
+        s.cache_prefilled(chunks)
         for r in done:
             s.emit(r, 7, -0.5, None)
     for r in [r for r in s.decoding if r not in [c for c, _ in chunks]]:
         s.emit(r, 7, -0.5, None)
-    return restores, saves
+    return restores, plans
 
 
 def run(s: Scheduler, *requests: Request) -> None:
@@ -58,28 +60,38 @@ def test_a_hit_ends_at_a_snapshot_and_leaves_the_last_token():
     s = make(stride=2)
     base = prompt(300)
     run(s, request("a", base[:256]))
-    # Snapshots every second block and at the last full block: after 128 and 256 tokens.
-    assert [b.snapshot > 0 for b in s.prefix.match(base[:256])] == [False, True, False, True]
-    assert len(s.prefix.hit(base[:256])) == 2  # the whole prompt cached: its last token is computed again
+    # Snapshots every second block, before the last token and at the prompt's end: after 128, 192 and 256 tokens.
+    assert [b.snapshot > 0 for b in s.prefix.match(base[:256])] == [False, True, True, True]
+    assert len(s.prefix.hit(base[:256])) == 3  # the whole prompt cached: its last token is computed again
     assert len(s.prefix.hit(base[:257])) == 4
-    assert len(s.prefix.hit(base[:200])) == 2
+    assert len(s.prefix.hit(base[:200])) == 3
     assert s.prefix.hit(base[:100]) == []  # the first block has no snapshot
     assert s.prefix.hit(prompt(300, seed=1)) == []
 
 
-def test_chunks_end_at_snapshot_boundaries():
-    s = make(stride=2, prefill_chunk=256)
-    r = request("a", prompt(300))
+def chunk_plan(s: Scheduler, r: Request) -> list[tuple[int, list[int]]]:
+    """Prefill ``r`` alone: each step's (tokens, snapshot boundaries)."""
     s.put(r)
     s.take_arrivals(block=False)
     s.admit()
-    cuts = []
+    steps = []
     while s.prefilling:
         chunks = s.prefill_chunks()
-        cuts.append(chunks[0][1])
+        steps.append((chunks[0][1], [boundary for boundary, _ in r.snapshot_plan]))
         s.prefilled(chunks)
         s.cache_prefilled(chunks)
-    assert cuts == [128, 128, 44]  # snapshots at 128 and 256 (the last full block), then the rest
+    return steps
+
+
+def test_snapshots_come_from_inside_chunks():
+    """A chunk is not cut at snapshot boundaries: the step writes the states at the boundaries inside it."""
+    s = make(stride=2, prefill_chunk=256)
+    assert chunk_plan(s, request("a", prompt(300))) == [(256, [128, 256]), (44, [])]
+
+
+def test_chunks_that_do_not_finish_a_prompt_end_on_a_block_boundary():
+    s = make(stride=4, prefill_chunk=100)
+    assert chunk_plan(s, request("a", prompt(200))) == [(64, []), (64, []), (72, [192])]  # 192: before the last token
 
 
 def test_a_hit_shares_pages_restores_a_snapshot_and_prefills_the_rest():
@@ -111,21 +123,23 @@ def test_divergence_mid_block_reuses_the_blocks_before_it():
 
 
 def test_a_request_cancelled_mid_prefill_leaves_only_complete_blocks():
-    s = make(prefill_chunk=48)
+    s = make(prefill_chunk=96)
     r = request("a", prompt(300))
     s.put(r)
     s.take_arrivals(block=False)
     s.admit()
-    for _ in range(3):  # 48 + 16 (cut at 64) + 48 tokens
+    for _ in range(2):  # 64 + 64 tokens (96 rounded down to a block)
         chunks = s.prefill_chunks()
         s.prefilled(chunks)
         s.cache_prefilled(chunks)
-    assert r.num_prefilled == 112
+    assert r.num_prefilled == 128
+    s.prefill_chunks()  # the next step's snapshot, reserved; the request is cancelled before that step runs
+    assert s.prefix.snapshots.num_used == 3
     s.cancel(r)
     s.reap_cancelled()
-    [block] = s.prefix.blocks.values()
-    assert block.refs == 0 and block.snapshot and len(block.pages) == 4
-    assert s.pages.num_used == 4 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 1
+    assert len(s.prefix.blocks) == 2
+    assert all(b.refs == 0 and b.snapshot and len(b.pages) == 4 for b in s.prefix.blocks.values())
+    assert s.pages.num_used == 8 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 2
     assert s.stats()["pages_used"] == 0  # evictable pages count as free
     assert s.reset_prefix_cache() and s.pages.num_used == 0 and s.prefix.snapshots.num_used == 0
 
@@ -180,7 +194,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
             if rng.random() < 0.03:
                 s.cancel(r)
         s.reap_cancelled()
-        restores, saves = step(s)
+        restores, plans = step(s)
         held = {id(r): r for r in s.prefilling + s.decoding}
         # Every page is free, a running request's own, or a cached block's: never two of these.
         cached = [p for b in s.prefix.blocks.values() for p in b.pages]
@@ -191,8 +205,14 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         assert s.prefix.snapshots.num_used == sum(1 for b in s.prefix.blocks.values() if b.snapshot)
         for block in s.prefix.blocks.values():
             assert block.refs == sum(block in r.blocks for r in held.values())
-        assert all(snapshot for _, snapshot in restores + saves)
+        assert all(snapshot for _, snapshot in restores + plans)
     assert s.counters["prefix_cache_hits"] > 0
     assert s.pages.num_used == sum(len(b.pages) for b in s.prefix.blocks.values())
     assert s.reset_prefix_cache()
     assert s.pages.num_used == 0 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 0
+
+
+def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():
+    """With a budget under a block, every other chunk ends on a boundary: its last GDN chunk ends there too."""
+    s = make(stride=1, prefill_chunk=32)
+    assert chunk_plan(s, request("a", prompt(100))) == [(32, []), (32, [64]), (32, []), (4, [])]

@@ -60,7 +60,7 @@ def test_restart_loads_every_program_and_gives_the_same_tokens(tmp_path):
 
     entries = sorted(store.glob("*.xla"))
     assert len(entries) == cold["total"]
-    victim = max(entries, key=lambda p: p.stat().st_size)  # a step program, not a tiny one
+    victim = max(entries[1:], key=lambda p: p.stat().st_size)  # a step program, not a tiny one
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
     entries[0].write_bytes(b"garbage")
     repaired, log = run_engine(store)

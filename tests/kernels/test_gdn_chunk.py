@@ -210,3 +210,41 @@ def test_dispatch():
         gc.gdn_chunk(*batch.args(), impl="triton")
     o, pool = gc.gdn_chunk(*batch.args())  # auto: the reference
     _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), 0.0)
+
+
+# ---------------------------------------------------------------- state snapshots at chunk ends
+
+
+def _snapshot_case(batch: Batch, num_snapshots: int = 8):
+    """Snapshot ids for some chunk ends of each sequence (sequence 5's first and second chunk, sequence 3's
+    only full one, sequence 4's first), a random snapshot pool, and the states they must get: the scan oracle
+    run on each sequence's first (c + 1) * 64 tokens."""
+    t = batch.q.shape[0]
+    ids = np.zeros((len(batch.lens), -(-t // 64)), np.int32)
+    ids[5, 0], ids[5, 1], ids[3, 0], ids[4, 0] = 3, 6, 1, 7
+    pool = jnp.asarray(np.random.default_rng(1).standard_normal((num_snapshots, *batch.pool.shape[1:])), jnp.float32)
+    want = np.asarray(pool).copy()
+    for s, c in zip(*np.nonzero(ids), strict=True):
+        a = batch.cu[s]
+        seq = [x[None, a: a + (c + 1) * 64] for x in (batch.q, batch.k, batch.v, batch.g, batch.beta)]
+        want[ids[s, c]] = gated_delta_scan(*seq, batch.pool[batch.slots[s]][None])[1][0]
+    return jnp.asarray(ids), pool, want
+
+
+@pytest.mark.parametrize("impl", ["reference", *IMPLS])
+def test_snapshots_at_chunk_ends(impl):
+    """The state after chunk c of sequence s lands in snapshot ids[s, c]; other snapshots stay as they were, and
+    o and the state pool are what they are without snapshots."""
+    batch = Batch(12, LENS, 5, 2, 4, 16, 32)
+    ids, snapshot_pool, want = _snapshot_case(batch)
+    o, pool, snapshots = gc.gdn_chunk(*batch.args(), ids, snapshot_pool, impl=impl)
+    _check(batch, o, pool, *reference.gdn_chunk(*batch.args()), TOL[jnp.float32])
+    untouched = [i for i in range(want.shape[0]) if i not in (1, 3, 6, 7)]
+    np.testing.assert_array_equal(np.asarray(snapshots)[untouched], np.asarray(snapshot_pool)[untouched])
+    _assert_close(np.asarray(snapshots)[[1, 3, 6, 7]], want[[1, 3, 6, 7]], TOL[jnp.float32])
+
+
+def test_snapshot_arguments_together():
+    batch = Batch(7, [5, 70], 3, 1, 2, 16, 16)
+    with pytest.raises(ValueError, match="both or neither"):
+        gc.kernel.gdn_chunk(*batch.args(), jnp.zeros((2, 2), jnp.int32), interpret=True)

@@ -1,0 +1,31 @@
+"""The cache layout: planned from the device's memory limit and the weights' size, so an engine over an abstract
+model (start-up with stored programs) and one over the loaded model plan the same pools."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hybrid_jax.config import preset
+from hybrid_jax.engine import cache
+from hybrid_jax.engine.runner import _device_bytes
+from hybrid_jax.loader import random_model
+from hybrid_jax.weights import abstract_model
+
+
+def test_weight_bytes_same_abstract_and_loaded():
+    config = preset("tiny")
+    loaded = jax.tree.leaves(nnx.state(random_model(config, "float32", 0)))
+    abstract = jax.tree.leaves(nnx.state(abstract_model(config, jnp.dtype("float32"))))
+    assert _device_bytes(abstract) == _device_bytes(loaded) == sum(w.nbytes for w in loaded)
+
+
+def test_plan_from_the_memory_limit(monkeypatch):
+    config = preset("tiny")
+    monkeypatch.setattr(cache, "device_memory_limit", lambda: 2**30)
+    plan = lambda weight_bytes, share=0.0: cache.plan_layout(
+        config, jnp.float32, config.vocab_size, max_batch=4, max_model_len=256, page_size=16,
+        memory_utilization=0.5, weight_bytes=weight_bytes, snapshot_share=share)
+    assert plan(2**28) == plan(2**28)
+    assert plan(2**28).num_pages > plan(2**29).num_pages  # the weights' share is taken first
+    with_snapshots = plan(2**28, share=0.25)
+    assert with_snapshots.num_snapshots > 1 and with_snapshots.num_pages < plan(2**28).num_pages

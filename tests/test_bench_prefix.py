@@ -1,0 +1,118 @@
+"""scripts/bench_prefix.py without a server: chunk parsing, usage, length caps, summaries and a stream read from a
+stand-in for aiohttp's session (the script's own client; no network)."""
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_prefix.py"
+spec = importlib.util.spec_from_file_location("bench_prefix", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("chunk, expected", [
+    ({"choices": [{"text": "Hi", "finish_reason": None}]}, ("Hi", True)),
+    ({"choices": [{"text": "", "finish_reason": "length"}]}, ("", True)),  # the only token held back to the end
+    ({"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}, ("", False)),
+    ({"choices": [{"delta": {"content": "yes"}, "finish_reason": None}]}, ("yes", True)),
+    ({"choices": [{"delta": {"reasoning": "hmm"}, "finish_reason": None}]}, ("", True)),
+    ({"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": None}]}, ("", True)),
+    ({"choices": [{"delta": {"tool_calls": [{"index": 0}]}, "finish_reason": None}]}, ("", True)),
+    ({"choices": [], "usage": {"prompt_tokens": 3}}, ("", False)),
+])
+def test_chunk_output(chunk, expected):
+    assert bench.chunk_output(chunk) == expected
+
+
+def test_usage_figures_null_where_the_server_gives_none():
+    usage = {"prompt_tokens": 300, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 256}}
+    assert bench.usage_figures(usage) == {"prompt_tokens": 300, "completion_tokens": 1, "cached_tokens": 256}
+    assert bench.usage_figures({"prompt_tokens": 300, "completion_tokens": 1})["cached_tokens"] is None
+    assert bench.usage_figures({"prompt_tokens_details": None})["cached_tokens"] is None
+    assert bench.usage_figures(None) == {"prompt_tokens": None, "completion_tokens": None, "cached_tokens": None}
+
+
+def test_lengths_capped_to_fit_the_model():
+    assert bench.fitted([256, 1024, 4096, 8192], 4096, 65) == [256, 1024, 4031]
+    assert bench.fitted([8192, 4096, 8192], 32768, 65) == [4096, 8192]
+    assert bench.fitted([300, 100], None, 65) == [100, 300]
+
+
+def test_summarize_shared():
+    ok = lambda ttft, cached: {"ttft": ttft, "completion_tokens": 4, "cached_tokens": cached}
+    results = [ok(0.1, 256), ok(0.2, 256), ok(0.3, 0), {"error": "HTTP 503: busy"}]
+    summary = bench.summarize_shared(results, wall=2.0)
+    assert summary["requests"] == 4 and summary["errors"] == 1 and summary["hits"] == 2
+    assert summary["ttft_p50_ms"] == pytest.approx(200.0) and summary["ttft_p99_ms"] == pytest.approx(298.0)
+    assert summary["req_s"] == 1.5 and summary["output_tok_s"] == 6.0
+    assert summary["mean_cached_tokens"] == pytest.approx(512 / 3)
+    no_details = bench.summarize_shared([ok(0.1, None)], wall=1.0)
+    assert no_details["mean_cached_tokens"] is None and no_details["hits"] is None
+
+
+def test_markdown_table():
+    table = bench.markdown_table([{"a": 1, "b": 2.345}, {"a": "x"}], ("a", "b"))
+    assert table.splitlines() == ["| a | b |", "| --- | --- |", "| 1 | 2.3 |", "| x | null |"]
+
+
+class FakeResponse:
+    def __init__(self, status: int, lines: list[str]):
+        self.status, self.lines = status, lines
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def text(self):
+        return "\n".join(self.lines)
+
+    @property
+    def content(self):
+        async def lines():
+            for line in self.lines:
+                yield (line + "\n").encode()
+        return lines()
+
+
+class FakeSession:
+    def __init__(self, response: FakeResponse):
+        self.response, self.posted = response, []
+
+    def post(self, url, json=None):
+        self.posted.append((url, json))
+        return self.response
+
+
+def sse(*chunks) -> list[str]:
+    return [line for c in chunks for line in (f"data: {json.dumps(c)}", "")] + ["data: [DONE]"]
+
+
+def test_stream_reads_a_chat_answer_and_its_cached_tokens():
+    usage = {"prompt_tokens": 200, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 128}}
+    lines = sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+                {"choices": [{"delta": {"content": "Hel"}}]}, {"choices": [{"delta": {"content": "lo"}}]},
+                {"choices": [{"delta": {}, "finish_reason": "length"}]}, {"choices": [], "usage": usage})
+    session = FakeSession(FakeResponse(200, lines))
+    server = bench.Server(session, "http://h:1/", "m")
+    result = asyncio.run(server.chat([{"role": "user", "content": "hi"}], 2))
+    assert result["text"] == "Hello" and result["cached_tokens"] == 128 and result["prompt_tokens"] == 200
+    assert 0 < result["ttft"] <= result["latency"]
+    url, payload = session.posted[0]
+    assert url == "http://h:1/v1/chat/completions"
+    assert payload["model"] == "m" and payload["stream"] and payload["stream_options"] == {"include_usage": True}
+    assert payload["ignore_eos"] and payload["temperature"] == 0 and payload["max_tokens"] == 2
+
+
+def test_stream_errors():
+    server = lambda response: bench.Server(FakeSession(response), "http://h:1", "m")
+    failed = asyncio.run(server(FakeResponse(400, ['{"error": {"message": "bad"}}'])).complete([1, 2], 1))
+    assert failed["error"].startswith("HTTP 400")
+    mid_stream = sse({"error": {"message": "engine failed", "code": 500}})
+    assert "engine failed" in asyncio.run(server(FakeResponse(200, mid_stream)).complete([1, 2], 1))["error"]
+    assert asyncio.run(server(FakeResponse(200, sse({"choices": []}))).complete([1], 1)) == {"error": "no output"}
