@@ -1,7 +1,7 @@
 """hybrid-jax: a JAX/Pallas inference engine for the Qwen3.5 dense hybrid model family."""
 
 from hybrid_jax.config import ConfigError, Qwen35Config, preset
-from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from hybrid_jax.loader import load_pretrained, random_model
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import load_tokenizer
@@ -14,6 +14,7 @@ __all__ = [
     "Qwen35Config",
     "Qwen35ForCausalLM",
     "SamplingParams",
+    "StructuredOutputsParams",
     "load_pretrained",
     "load_tokenizer",
     "preset",

@@ -30,6 +30,7 @@ from server.metrics import ServerMetrics
 from server.protocol import Reader, check_model, parse_chat, parse_completion
 from server.settings import Settings
 from server.streaming import sse_response
+from server.structured import check_grammar
 
 CLIENT_CLOSED = "the client closed its side of the connection before the answer was ready; the request was cancelled"
 
@@ -112,7 +113,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                            backend.max_model_len, settings.special_tokens_as_text)
 
     def check_request(req, prompts: int) -> None:
-        """What parsing could not check alone: the model, stop strings, choices, bad words (tokenized here)."""
+        """What parsing could not check alone: the model, stop strings, choices, bad words (tokenized here), the
+        structured-output grammar (compiled here, on the request's thread; the engine's submit finds it cached)."""
         check_model(req.model, backend.model_name)
         check_stops(req.params.stop, backend.max_model_len, backend.tokenizer)
         check_choices(prompts * req.n, settings.max_waiting)
@@ -121,6 +123,8 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
                 req.params.update_from_tokenizer(backend.tokenizer)
             except ValueError as e:
                 raise from_value_error(e) from e
+        if req.params.structured_outputs is not None:
+            check_grammar(backend.engine, req.params, req.structured_field)
 
     @app.post("/v1/completions")
     def completions():

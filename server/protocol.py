@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI endpoints -> validated request records; every problem is a 400 naming the field.
 
 Field names, defaults and value types follow vLLM's OpenAI server: unknown fields are ignored, ``null`` means
-"not given", ranges are checked by ``SamplingParams``.
+"not given", ranges are checked by ``SamplingParams``; the structured-output fields are read by
+`server.structured`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from hybrid_jax.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from server.errors import APIError, bad_request, from_value_error
+from server.structured import parse_structured, tool_choice_structured
 
 JSON = dict[str, Any]
 TOOL_CHOICES = ("none", "auto", "required")
@@ -19,9 +21,6 @@ TOOL_CHOICES = ("none", "auto", "required")
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt")
 SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_CHOICES = 256  # prompts x n of one request (each choice is an engine request with a forwarding thread)
-# vLLM's structured-output fields: answered 400 until a grammar engine serves them, never ignored.
-STRUCTURED_OUTPUT_FIELDS = ("guided_json", "guided_choice", "guided_regex", "guided_grammar", "structured_outputs")
-STRUCTURED_FORMATS = ("json_object", "json_schema", "structural_tag")
 
 
 class Reader:
@@ -88,6 +87,7 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool  # usage in every chunk (stream_options.continuous_usage_stats)
     tokens_as_ids: bool  # logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
+    structured_field: str | None  # the field params.structured_outputs came from (what its errors name)
 
     def params_for(self, choice: int, max_tokens: int) -> SamplingParams:
         """The sampling params of sample ``choice`` (0..n-1): seed + choice when seeded, as vLLM does; the prompt
@@ -178,19 +178,6 @@ def _sampling(reader: Reader, defaults: JSON, logprobs: int | None, prompt_logpr
         raise from_value_error(e) from e
 
 
-def _no_structured_outputs(reader: Reader) -> None:
-    """400 for the structured-output fields (a grammar engine is not part of this server yet)."""
-    for name in STRUCTURED_OUTPUT_FIELDS:
-        if reader.body.get(name) is not None:
-            raise bad_request(f"{name}: structured outputs are not supported yet", name)
-    kind = reader.object("response_format").get("type", "text")
-    if kind in STRUCTURED_FORMATS:
-        raise bad_request(f"response_format: the {kind!r} format is not supported yet", "response_format")
-    if kind != "text":
-        raise bad_request(f"response_format: type must be one of 'text', {', '.join(map(repr, STRUCTURED_FORMATS))}",
-                          "response_format")
-
-
 def _stream_options(reader: Reader, stream: bool) -> tuple[bool, bool]:
     """(include_usage, continuous_usage_stats); as vLLM, usage in every chunk needs include_usage."""
     if reader.body.get("stream_options") is None:
@@ -208,13 +195,15 @@ def _stream_options(reader: Reader, stream: bool) -> tuple[bool, bool]:
 
 def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: int | None,
             prompt_logprobs: int | None = None) -> JSON:
-    _no_structured_outputs(reader)
+    structured, field = parse_structured(reader.body)
     stream = reader.boolean("stream", False)
     include_usage, continuous_usage = _stream_options(reader, stream)
-    return dict(model=reader.string("model"), params=_sampling(reader, defaults, logprobs, prompt_logprobs),
+    params = _sampling(reader, defaults, logprobs, prompt_logprobs)
+    params.structured_outputs = structured
+    return dict(model=reader.string("model"), params=params,
                 max_tokens=max_tokens, n=reader.integer("n", 1, 1, MAX_CHOICES), stream=stream,
                 include_usage=include_usage, continuous_usage=continuous_usage,
-                tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False))
+                tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False), structured_field=field)
 
 
 def _prompts(value: Any) -> list[str | list[int]]:
@@ -322,12 +311,19 @@ def parse_chat(body: Any, defaults: JSON) -> ChatRequest:
     if reader.body.get("prompt_logprobs") is not None:
         raise bad_request("prompt_logprobs: only /v1/completions returns prompt logprobs", "prompt_logprobs")
     common = _common(reader, defaults, top_logprobs, max_tokens)
+    parallel = reader.boolean("parallel_tool_calls", True)
+    forced = tool_choice_structured(tools, choice, parallel)
+    if forced is not None:
+        if common["params"].structured_outputs is not None:
+            raise bad_request(f"tool_choice: {choice!r} cannot be combined with {common['structured_field']}",
+                              "tool_choice")
+        common["params"].structured_outputs, common["structured_field"] = forced, "tool_choice"
     return ChatRequest(
         **common,
         messages=messages,
         tools=tools if tools and choice != "none" else None,
         parse_tools=bool(tools) and choice != "none",
-        parallel_tool_calls=reader.boolean("parallel_tool_calls", True),
+        parallel_tool_calls=parallel,
         template_kwargs=template_kwargs,
         add_generation_prompt=reader.boolean("add_generation_prompt", True),
     )

@@ -55,7 +55,7 @@ def parameter_schemas(tools: list[dict[str, Any]] | None) -> Schemas:
     return schemas
 
 
-def _schema_type(schema: Any) -> str | None:
+def schema_type(schema: Any) -> str | None:
     """The declared type, ignoring "null" (also inside anyOf/oneOf)."""
     if not isinstance(schema, dict):
         return None
@@ -90,7 +90,7 @@ def _json_or_text(text: str) -> Any:
 def convert_value(raw: str, schema: Any) -> Any:
     """A raw parameter value converted by its schema; strings lose one leading and trailing newline."""
     value = raw.removeprefix("\n").removesuffix("\n")
-    kind = _schema_type(schema)
+    kind = schema_type(schema)
     if kind == "string":
         return value
     parsed = _json_or_text(value)

@@ -4,8 +4,8 @@ Full-attention layers: a paged KV pool per layer, ``[num_pages, page_size, Hkv, 
 state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of the last raw columns,
 position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
 padded rows of a fixed-shape batch read and write there. The slots also hold each request's token statistics
-for the sampling penalties. The prefix cache's snapshot pool holds copies of a slot's GDN state and prompt
-mask (snapshot 0 null too).
+for the sampling penalties and its grammar's next-token bitmask (structured outputs). The prefix cache's
+snapshot pool holds copies of a slot's GDN state and prompt mask (snapshot 0 null too).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class PoolSpec:
 def pool_specs(config: Qwen35Config, *, num_pages: int, page_size: int, num_slots: int, dtype, vocab: int,
                kv_heads: int | None = None) -> dict:
     """{"layers": per-layer {"k", "v"} or {"conv", "state"}, "output_counts": [slots, V] i32, "prompt_mask":
-    [slots, V] bool}, each a `PoolSpec`. ``kv_heads``: the KV heads the pool stores (more than the model's when
-    tensor parallelism gives each shard its own copy)."""
+    [slots, V] bool, "grammar_mask": [slots, ceil(V/32)] i32}, each a `PoolSpec`. ``kv_heads``: the KV heads
+    the pool stores (more than the model's when tensor parallelism gives each shard its own copy)."""
     c = config
     layers = []
     for t in c.layer_types:
@@ -55,7 +55,8 @@ def pool_specs(config: Qwen35Config, *, num_pages: int, page_size: int, num_slot
             })
     return {"layers": layers,
             "output_counts": PoolSpec((num_slots, vocab), jnp.int32, WHOLE),
-            "prompt_mask": PoolSpec((num_slots, vocab), jnp.bool_, WHOLE)}
+            "prompt_mask": PoolSpec((num_slots, vocab), jnp.bool_, WHOLE),
+            "grammar_mask": PoolSpec((num_slots, -(-vocab // 32)), jnp.int32, WHOLE)}
 
 
 def snapshot_specs(config: Qwen35Config, *, num_snapshots: int, dtype, vocab: int) -> dict:

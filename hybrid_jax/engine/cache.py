@@ -24,16 +24,21 @@ class CacheLayout:
 
 
 def slot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
-    """Device bytes one request slot takes: GDN conv + recurrent state over all GDN layers, penalty counts."""
+    """Device bytes one request slot takes: GDN conv + recurrent state over all GDN layers, penalty counts, the
+    grammar bitmask."""
     c = config
     per_layer = c.linear_conv_kernel_dim * c.conv_dim * jnp.dtype(dtype).itemsize
     per_layer += c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
-    return per_layer * len(c.linear_layers) + vocab * 5
+    return per_layer * len(c.linear_layers) + vocab * 5 + _grammar_mask_bytes(vocab)
+
+
+def _grammar_mask_bytes(vocab: int) -> int:
+    return -(-vocab // 32) * 4
 
 
 def snapshot_bytes(config: Qwen35Config, dtype, vocab: int) -> int:
     """Device bytes one state snapshot takes: a slot's GDN conv + recurrent state and its prompt mask."""
-    return slot_bytes(config, dtype, vocab) - vocab * 4
+    return slot_bytes(config, dtype, vocab) - vocab * 4 - _grammar_mask_bytes(vocab)
 
 
 def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:

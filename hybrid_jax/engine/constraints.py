@@ -2,10 +2,11 @@
 
 One row per request: its ``logit_bias`` as (token, bias) pairs, its ``allowed_token_ids``, a table of bans (each
 bad word's last token with the tokens that must precede it, and the eos and stop tokens held back until
-``min_tokens``), its last output tokens (what a ban's prefix is matched against), and the thinking budget's
-forced end token. Unused entries hold ``NO_TOKEN``, an id past any vocabulary that the device's scatters drop,
-so a row without constraints is all padding and costs the sampler nothing (`sampler.sample` skips the
-constraints unless some row of the batch has them).
+``min_tokens``), its last output tokens (what a ban's prefix is matched against), the thinking budget's forced
+end token, and whether its grammar's bitmask (kept in the pools, see `grammar`) applies. Unused entries hold
+``NO_TOKEN``, an id past any vocabulary that the device's scatters drop, so a row without constraints is all
+padding and costs the sampler nothing (`sampler.sample` skips the constraints unless some row of the batch has
+them).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class TokenConstraints(NamedTuple):
     recent: np.ndarray  # [B, HISTORY] i32 the output tokens before the row's input token, right-aligned
     force_token: np.ndarray  # [B] i32 sampled once ``force_at`` tokens are out, unless already generated
     force_at: np.ndarray  # [B] i32
+    grammar: np.ndarray  # [B] bool the row's grammar bitmask (the pools' grammar_mask at its slot) applies
 
 
 def no_constraints(size: int) -> TokenConstraints:
@@ -57,7 +59,7 @@ def no_constraints(size: int) -> TokenConstraints:
         allowed_ids=full((size, MAX_ALLOWED_TOKEN_IDS), NO_TOKEN),
         ban_prefix=full((size, BAN_ROWS, HISTORY), NO_OUTPUT), ban_token=full((size, BAN_ROWS), NO_TOKEN),
         ban_until=full((size, BAN_ROWS), FOREVER), recent=full((size, HISTORY), NO_OUTPUT),
-        force_token=full(size, NO_TOKEN), force_at=full(size, FOREVER))
+        force_token=full(size, NO_TOKEN), force_at=full(size, FOREVER), grammar=np.zeros(size, np.bool_))
 
 
 def constraint_rows(requests: Sequence[Request], size: int, input_known: Sequence[bool] | None = None
@@ -88,4 +90,5 @@ def constraint_rows(requests: Sequence[Request], size: int, input_known: Sequenc
         rows.recent[i, HISTORY - len(history):] = history
         if r.thinking_end is not None:
             rows.force_token[i], rows.force_at[i] = r.thinking_end
+        rows.grammar[i] = r.grammar_active
     return rows

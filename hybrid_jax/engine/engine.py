@@ -4,7 +4,8 @@ Requests are admitted when their whole lifetime fits (a state slot plus KV pages
 prefilled in chunks under a per-step token budget, then decoded together in fixed-shape batch buckets. The
 `Scheduler` decides each step from request state alone; the `Runner` owns the weights, the pools and the
 compiled programs and queues the steps on the device; the loop here joins the two, ordering the device's
-work ahead of the host's reads.
+work ahead of the host's reads. Requests with a grammar (structured outputs) need the host between steps: while
+one decodes, the batch runs a step per call (see `_decode_stepwise`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import numpy as np
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.grammar import GrammarCompiler, GrammarError, GrammarState
 from hybrid_jax.engine.prefix_cache import PrefixCache
 from hybrid_jax.engine.requests import QueueFullError, Request, RequestHandle, ThinkingEnd, TokenEvent
 from hybrid_jax.engine.runner import Runner
 from hybrid_jax.engine.sampling_params import MAX_MIN_TOKENS_STOPS, SamplingParams
 from hybrid_jax.engine.scheduler import Scheduler, Variant
 from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineConfig", "QueueFullError", "Request", "RequestHandle", "TokenEvent"]
 
@@ -36,12 +39,14 @@ class Engine:
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,  # noqa: B008 (frozen)
                  eos_token_ids: tuple[int, ...] = (), think_token_ids: tuple[int, int] | None = None,
-                 valid_vocab: int | None = None, executable_dir: str | os.PathLike | None = None):
+                 valid_vocab: int | None = None, executable_dir: str | os.PathLike | None = None,
+                 tokenizer: Tokenizer | None = None):
         """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`). ``model``
         may be abstract (shape-only parameters, as `weights.abstract_model` makes): its programs can be built
         (`prepare_programs`) while the weights load, and `attach` gives it the loaded model before `start`.
         ``think_token_ids``: the (start, end) tokens of a think block; a request's thinking_token_budget applies
-        when its prompt leaves one open."""
+        when its prompt leaves one open. ``tokenizer``: what grammars are compiled against (None: requests with
+        structured_outputs are refused)."""
         self.config = config
         self.think_token_ids = think_token_ids
         self.runner = Runner(model, config, valid_vocab=valid_vocab, executable_dir=executable_dir)
@@ -58,6 +63,8 @@ class Engine:
                                    prefix=prefix)
         self._reset_prefix = threading.Event()  # a reset of the prefix cache the engine thread has yet to do
         self.runner.scorer.on_built = self.scheduler.wake
+        self.grammars = None if tokenizer is None else GrammarCompiler(tokenizer, model.config.vocab_size,
+                                                                        eos_token_ids)
         self._inflight: DecodeCall | None = None
         self._first: FirstTokens | None = None
         self._ids = itertools.count()
@@ -80,7 +87,8 @@ class Engine:
         # The step reads seeds as uint32: any integer seed maps into that range (negative or > 2**32 too).
         seed = params.seed % 2**32 if params.seed is not None else int(self._seeds.integers(0, 2**31))
         request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed,
-                          min_tokens_stops=stops, thinking_end=self._thinking_end(prompt_ids, params))
+                          min_tokens_stops=stops, thinking_end=self._thinking_end(prompt_ids, params),
+                          grammar=self._grammar(prompt_ids, params))
         self.scheduler.put(request)
         return RequestHandle(request, self.cancel)
 
@@ -106,13 +114,35 @@ class Engine:
                              f"got {len(stops)}")
         return stops
 
+    def _opens_think(self, prompt_ids: list[int]) -> bool:
+        """The prompt leaves a think block open."""
+        if self.think_token_ids is None:
+            return False
+        start, end = self.think_token_ids
+        return next((t for t in reversed(prompt_ids) if t in (start, end)), None) == start
+
     def _thinking_end(self, prompt_ids: list[int], params: SamplingParams) -> ThinkingEnd | None:
         """The forced end of the think block the prompt leaves open, under the request's thinking budget."""
-        if params.thinking_token_budget is None or self.think_token_ids is None:
+        if params.thinking_token_budget is None or not self._opens_think(prompt_ids):
             return None
-        start, end = self.think_token_ids
-        last = next((t for t in reversed(prompt_ids) if t in (start, end)), None)
-        return ThinkingEnd(end, params.thinking_token_budget) if last == start else None
+        return ThinkingEnd(self.think_token_ids[1], params.thinking_token_budget)
+
+    def compile_grammar(self, params: SamplingParams):
+        """A fresh matcher for ``params.structured_outputs`` (compiled, or copied from the cache); GrammarError
+        when it is invalid or too slow to compile, ValueError when this engine has no tokenizer for grammars."""
+        if self.grammars is None:
+            raise ValueError("structured_outputs: this engine was built without a tokenizer for grammars")
+        return self.grammars.compile(params.structured_outputs)
+
+    def _grammar(self, prompt_ids: list[int], params: SamplingParams) -> GrammarState | None:
+        """The request's grammar state, starting after the think block its prompt opens (if any)."""
+        if params.structured_outputs is None:
+            return None
+        try:
+            matcher = self.compile_grammar(params)
+        except GrammarError as e:
+            raise ValueError(f"structured_outputs: {e}") from e
+        return GrammarState(matcher, self.think_token_ids[1] if self._opens_think(prompt_ids) else None)
 
     def cancel(self, request: Request) -> None:
         self.scheduler.cancel(request)
@@ -220,6 +250,9 @@ class Engine:
 
     def _prefill(self) -> None:
         chunks = self.scheduler.prefill_chunks()
+        # A prompt ending in this step samples its first token there, under its grammar's first mask.
+        self.runner.write_grammar_masks([r for r, n in chunks
+                                         if r.grammar_active and r.num_prefilled + n == len(r.prompt_ids)])
         sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks))
         done, rows = self.scheduler.prefilled(chunks)
         self.scheduler.cache_prefilled(chunks)
@@ -237,6 +270,9 @@ class Engine:
         pages write to the null page.
         """
         s = self.scheduler
+        if any(r.grammar is not None for r in s.decoding):
+            self._decode_stepwise()
+            return
         previous, self._inflight = self._inflight, None
         first, self._first = self._first, None
         greedy = s.decode_greedy()
@@ -255,6 +291,24 @@ class Engine:
             self._inflight = self.launch_decode(*call, first=first)
         if first is not None:
             s.deliver(first.requests, host_samples(first.sampled, first.requests), first.rows)
+
+    def _decode_stepwise(self) -> None:
+        """A decode call of one step over a batch with grammar rows: each row's next mask depends on the token
+        just sampled, so the host reads the samples (of the call before, and prefill's first tokens) and its
+        matchers consume them before the masks of this call are computed and written. Rows whose think block is
+        still open are unconstrained, but wait for the host the same way (the step after their end-of-think
+        token is masked)."""
+        s = self.scheduler
+        previous, self._inflight = self._inflight, None
+        first, self._first = self._first, None
+        if previous is not None:
+            self._deliver(previous)
+        if first is not None:
+            s.deliver(first.requests, host_samples(first.sampled, first.requests), first.rows)
+        call = s.unchained(False)
+        if call is not None:
+            self.runner.write_grammar_masks([r for r in call[0] if r.grammar_active])
+            self._inflight = self.launch_decode(*call)
 
     def _deliver(self, call: DecodeCall) -> None:
         for sampled in self.runner.read(call):

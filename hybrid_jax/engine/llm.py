@@ -85,6 +85,7 @@ class LLM:
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab, think_token_ids=think_token_ids(self.tokenizer),
+                         tokenizer=self.tokenizer,
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
         tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs

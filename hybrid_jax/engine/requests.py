@@ -6,9 +6,12 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from hybrid_jax.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from hybrid_jax.engine.grammar import GrammarState
 
 
 class QueueFullError(RuntimeError):
@@ -58,6 +61,7 @@ class Request:
     finished: bool = False
     min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens
     thinking_end: ThinkingEnd | None = None  # cleared once the end token is out
+    grammar: GrammarState | None = None  # params.structured_outputs' matcher; dropped when the request ends
     # Prompt logprobs (with params.prompt_logprobs): None for the first token; set before any event is queued.
     prompt_logprobs: list[PromptLogprob | None] | None = None
     scored: threading.Event = field(default_factory=threading.Event)  # set once prompt_logprobs is final
@@ -71,7 +75,12 @@ class Request:
         """Whether the request's next tokens need the general sampler's token constraints."""
         p = self.params
         return bool(p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids or self.thinking_end is not None
-                    or len(self.output_ids) < p.min_tokens)
+                    or len(self.output_ids) < p.min_tokens or self.grammar_active)
+
+    @property
+    def grammar_active(self) -> bool:
+        """The request's next token is masked by its grammar."""
+        return self.grammar is not None and self.grammar.active
 
 
 class RequestHandle:

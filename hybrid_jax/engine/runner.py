@@ -28,6 +28,7 @@ from hybrid_jax.engine.batches import decode_batch, prefill_batch
 from hybrid_jax.engine.cache import allocate_pools, plan_layout, weight_device_bytes
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples, take_first_tokens
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.grammar import fill_masks, mask_words
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.prompt_logprobs import PromptScorer
 from hybrid_jax.engine.requests import PromptLogprob, Request
@@ -40,6 +41,7 @@ from hybrid_jax.engine.steps import (
     multi_decode_step,
     prefill_step,
     restore_snapshots,
+    write_grammar_masks,
 )
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
@@ -82,6 +84,7 @@ class Runner:
         self._prefill, self._decode = self._jit_steps()
         self._restore = self._jit_restore()
         self._take_first_tokens = jax.jit(take_first_tokens)
+        self._write_masks = self._jit_mask_writes()
         self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
@@ -140,6 +143,14 @@ class Runner:
                                         self._batch_sharding), out_shardings=self._pool_shardings)
         return jax.jit(restore_snapshots, **kw)
 
+    def _jit_mask_writes(self):
+        """The jitted grammar-bitmask write into the pools (donated)."""
+        kw = dict(donate_argnums=0)
+        if self.mesh is not None:
+            kw = dict(kw, in_shardings=(self._pool_shardings, self._batch_sharding, self._batch_sharding),
+                      out_shardings=self._pool_shardings)
+        return jax.jit(write_grammar_masks, **kw)
+
     def _jit_steps(self) -> tuple:
         """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
         steps per call only for greedy batches."""
@@ -194,7 +205,7 @@ class Runner:
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
-        ("first_tokens", B) | ("snapshot_restore", S) (with a snapshot pool), essential
+        ("first_tokens", B) | ("grammar_masks", B) | ("snapshot_restore", S) (with a snapshot pool), essential
         ones first: the general decode at the largest batch and the largest
         prefill serve any request; the rest, smallest buckets first, only make some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
@@ -217,6 +228,10 @@ class Runner:
                 f"first tokens B={size}", self._take_first_tokens,
                 (rows(size), rows(self.config.max_prefill_seqs), rows(size)),
                 essential=size == largest_decode)
+            masks = jax.ShapeDtypeStruct((size, mask_words(self.model.config.vocab_size)), jnp.int32,
+                                         sharding=self._batch_sharding)
+            specs["grammar_masks", size] = ProgramSpec(f"grammar masks G={size}", self._write_masks,
+                                                       (pools, rows(size), masks), essential=size == largest_decode)
         for size in reversed(self.config.prefill_buckets):
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
                                                  (weights, pools, snapshots, self.prefill_batch([], size)),
@@ -291,6 +306,8 @@ class Runner:
                     self.restore_snapshots([], padding=True)
                 elif key[0] == "prefill":
                     _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
+                elif key[0] == "grammar_masks":
+                    self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
                 else:
                     _, *_, self.pools = compiled(self.weights, self.pools, args[2])
             jax.block_until_ready(self.pools)
@@ -398,6 +415,21 @@ class Runner:
             self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
             if group:
                 self.runs["snapshot_restore", size] += 1
+
+    def write_grammar_masks(self, requests: list[Request]) -> None:
+        """Queue writes of each request's next-token grammar bitmask (computed here, on the host) into the pools
+        at its slot, before the steps queued after; at the smallest built bucket that holds them."""
+        buckets = self.config.decode_buckets
+        for start in range(0, len(requests), buckets[-1]):
+            group = requests[start: start + buckets[-1]]
+            size, program = next((b, p) for b in buckets
+                                 if b >= len(group) and (p := self.program(("grammar_masks", b))) is not None)
+            slot_ids = np.zeros(size, np.int32)
+            slot_ids[: len(group)] = [r.slot for r in group]
+            masks = np.zeros((size, mask_words(self.model.config.vocab_size)), np.int32)
+            fill_masks([r.grammar for r in group], masks)
+            self.pools = program(self.pools, slot_ids, masks)
+            self.runs["grammar_masks", size] += 1
 
     @staticmethod
     def read(call: DecodeCall) -> list[Sampled]:

@@ -9,6 +9,7 @@ model distribution (vLLM's default ``raw_logprobs``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -52,11 +53,18 @@ def apply_penalties(logits, rows: SamplingRows, output_counts, prompt_mask):
     return logits - rows.presence_penalty[:, None] * (output_counts > 0)
 
 
-def apply_constraints(logits, rows: SamplingRows, output_counts):
+def grammar_allowed(words, vocab: int):
+    """[B, V] bool from grammar bitmasks words [B, ceil(V/32)] i32: bit t % 32 of word t // 32 allows token t."""
+    bits = (words[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1  # [B, W, 32]
+    return bits.reshape(words.shape[0], -1)[:, :vocab].astype(jnp.bool_)
+
+
+def apply_constraints(logits, rows: SamplingRows, output_counts, grammar_masks: Callable[[], jax.Array] | None = None):
     """logits [B, V] with the rows' token constraints applied: logit_bias added, and -inf outside the allowed
-    tokens and on banned ones (a bad word's last token where the output ends with the rest of it; eos and stop
-    tokens before min_tokens); a row due to close its thinking keeps only the end token. Rows of padding come
-    back unchanged. output_counts [B, V] i32: whether the end token is out already."""
+    tokens, on banned ones (a bad word's last token where the output ends with the rest of it; eos and stop
+    tokens before min_tokens) and, in rows with a grammar, outside its bitmask; a row due to close its thinking
+    keeps only the end token. Rows of padding come back unchanged. output_counts [B, V] i32: whether the end
+    token is out already. ``grammar_masks``: returns the rows' bitmasks [B, ceil(V/32)] i32 (read only here)."""
     c = rows.constraints
     size, vocab = logits.shape
     row = jnp.arange(size)[:, None]
@@ -68,6 +76,8 @@ def apply_constraints(logits, rows: SamplingRows, output_counts):
     banned = jnp.zeros(logits.shape, jnp.bool_).at[row, jnp.where(banning, c.ban_token, NO_TOKEN)].set(
         True, mode="drop")
     out = jnp.where(banned | (restricted & ~allowed), -jnp.inf, logits + bias)
+    if grammar_masks is not None:
+        out = jnp.where(c.grammar[:, None] & ~grammar_allowed(grammar_masks(), vocab), -jnp.inf, out)
     end_count = jnp.take_along_axis(output_counts, jnp.minimum(c.force_token, vocab - 1)[:, None], axis=-1)[:, 0]
     forced = (c.force_token < vocab) & (rows.step >= c.force_at) & (end_count == 0)  # [B]
     only_end = jnp.where(jnp.arange(vocab) == c.force_token[:, None], 0.0, -jnp.inf)
@@ -94,7 +104,7 @@ def filter_logits(logits, rows: SamplingRows):
 
 
 def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, valid_vocab: int, *,
-           greedy_only: bool = False) -> Sampled:
+           greedy_only: bool = False, grammar_masks: Callable[[], jax.Array] | None = None) -> Sampled:
     """logits [B, V] -> sampled ids and raw logprobs; the top-``MAX_LOGPROBS`` alternatives only when ``want_top``.
 
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
@@ -103,7 +113,7 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     from being queued behind this one (at 0.8B the branches about double a decode call's time back to back:
     docs/DESIGN.md). Otherwise one three-way branch picks the tokens: greedy, random draws, or (some row has
     token constraints) both over the constrained logits; a batch without constraints runs what it ran before
-    they existed.
+    they existed. ``grammar_masks`` (see `apply_constraints`) is read in the constrained branch only.
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab
@@ -131,7 +141,8 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
 
     def constrained():
         # vLLM's order: the constraints on the raw logits, then the penalties.
-        return draw(apply_penalties(apply_constraints(logits, rows, output_counts), rows, output_counts, prompt_mask))
+        constrained_logits = apply_constraints(logits, rows, output_counts, grammar_masks)
+        return draw(apply_penalties(constrained_logits, rows, output_counts, prompt_mask))
 
     branch = jnp.where(jnp.any(rows.constraints.constrained), 2, jnp.where(jnp.any(random_rows), 1, 0))
     tokens = jax.lax.switch(branch, [lambda: greedy_ids.astype(jnp.int32), lambda: draw(penalized), constrained])

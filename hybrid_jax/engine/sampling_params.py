@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 MAX_LOGPROBS = 20
 # The token constraints travel to the device as fixed-shape rows (see `constraints`): these bound each request.
@@ -21,6 +21,47 @@ class Encoder(Protocol):
 
 
 @dataclass
+class StructuredOutputsParams:
+    """What the output must match (vLLM's `StructuredOutputsParams`): exactly one of a JSON schema (``json``, a
+    dict or its text), any JSON object (``json_object``), a regular expression, a choice of strings, or a grammar
+    (Lark, or GBNF/EBNF, as llguidance reads them). ``disable_any_whitespace``: JSON without free whitespace."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def kind(self) -> str:
+        """The one constraint given: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(name for name in STRUCTURED_KINDS if getattr(self, name) not in (None, False))
+
+    def validate(self) -> None:
+        """Raise ValueError (on ``structured_outputs``) unless exactly one well-typed constraint is given."""
+        given = [name for name in STRUCTURED_KINDS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs: exactly one of json, regex, choice, grammar or json_object must "
+                             f"be given, got {len(given)}{' (' + ', '.join(given) + ')' if given else ''}")
+        types = {"json": (str, dict), "regex": str, "grammar": str, "json_object": bool}
+        kind = given[0]
+        if kind == "choice":
+            if not (isinstance(self.choice, list) and self.choice and all(isinstance(c, str) for c in self.choice)):
+                raise ValueError("structured_outputs: choice must be a non-empty list of strings")
+        elif not isinstance(getattr(self, kind), types[kind]):
+            raise ValueError(f"structured_outputs: {kind} has the wrong type")
+        if kind in ("regex", "grammar") and not getattr(self, kind):
+            raise ValueError(f"structured_outputs: {kind} must not be empty")
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass
 class SamplingParams:
     """How to sample one completion. ``temperature == 0`` is greedy; ``top_k`` <= 0 means no top-k.
 
@@ -29,7 +70,8 @@ class SamplingParams:
     `update_from_tokenizer`, in ``bad_words_token_ids``: the last token of a sequence is banned where the output
     ends with the ones before it); eos and stop tokens are held back until ``min_tokens`` tokens are out.
     ``thinking_token_budget``: where the prompt leaves a think block open, its end token is forced after that
-    many output tokens. ``prompt_logprobs``: the prompt's per-token logprobs with that many alternatives
+    many output tokens. ``structured_outputs``: the output matches a grammar (after the think block the prompt
+    opens, if any; see `grammar`). ``prompt_logprobs``: the prompt's per-token logprobs with that many alternatives
     (``max_tokens`` may then be 0: the prompt is scored, nothing generated).
     """
 
@@ -55,6 +97,7 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     thinking_token_budget: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -112,6 +155,10 @@ class SamplingParams:
         check(self.thinking_token_budget is None or (integer(self.thinking_token_budget)
                                                      and self.thinking_token_budget >= 0),
               "thinking_token_budget", "must be an integer >= 0")
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+              "structured_outputs", "must be a StructuredOutputsParams")
+        if self.structured_outputs is not None:
+            self.structured_outputs.validate()
 
     def update_from_tokenizer(self, tokenizer: Encoder) -> None:
         """Fill ``bad_words_token_ids`` from ``bad_words`` as vLLM does: each word's tokens, and those of the word

@@ -17,6 +17,8 @@
   after the one in flight while the requests stay the same; several steps per call only for a greedy batch
   (no top logprobs, no token constraints) with nothing waiting for prefill, and only while some request still
   wants that many tokens.
+- Structured outputs: a request with a grammar ends at eos even with ignore_eos (its grammar allows eos only
+  where the output is complete), and with "error" on a token its grammar rejects.
 - Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
   before the next step; either frees its slot and the pages the cache does not own, and drops its blocks.
 
@@ -182,6 +184,7 @@ class Scheduler:
         if r.snapshot_plan:  # planned for a step that it was cancelled or failed after
             self.prefix.free_snapshots([snapshot for _, snapshot in r.snapshot_plan])
         r.slot, r.pages, r.blocks, r.snapshot_plan = 0, [], [], []
+        r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
         self.counters["requests_finished"] += 1
         if error is not None:
@@ -207,7 +210,11 @@ class Scheduler:
         if r.thinking_end is not None and token == r.thinking_end.token_id:
             r.thinking_end = None
         reason = None
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+        rejected = r.grammar is not None and not r.grammar.accept(token)
+        if rejected:
+            log.warning("request %s: its grammar rejects token %d (%s)", r.request_id, token, r.grammar.error)
+            reason = "error"
+        elif (token in self.eos_token_ids and (not p.ignore_eos or r.grammar is not None)) or token in p.stop_token_ids:
             reason = "stop"
         elif len(r.output_ids) >= p.max_tokens:
             reason = "length"

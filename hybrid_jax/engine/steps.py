@@ -80,9 +80,9 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
-                     valid_vocab)
+                     valid_vocab, grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids])
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
-    return sampled, {"layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
+    return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
 
 
 def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
@@ -109,9 +109,10 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
-                     batch.want_top, valid_vocab, greedy_only=greedy_only)
+                     batch.want_top, valid_vocab, greedy_only=greedy_only,
+                     grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids])
     counts = counts.at[batch.slot_ids, sampled.tokens].add(1)
-    return sampled, {"layers": cache.updated, "output_counts": counts, "prompt_mask": pools["prompt_mask"]}
+    return sampled, {**pools, "layers": cache.updated, "output_counts": counts}
 
 
 def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, num_steps: int,
@@ -140,4 +141,10 @@ def restore_snapshots(pools: dict, snapshots: dict, slot_ids: jax.Array, snapsho
               for pool, snap in zip(pools["layers"], snapshots["layers"], strict=True)]
     prompt_mask = pools["prompt_mask"].at[slot_ids].set(snapshots["prompt_mask"][snapshot_ids])
     counts = pools["output_counts"].at[slot_ids].set(0)
-    return {"layers": layers, "output_counts": counts, "prompt_mask": prompt_mask}
+    return {**pools, "layers": layers, "output_counts": counts, "prompt_mask": prompt_mask}
+
+
+def write_grammar_masks(pools: dict, slot_ids: jax.Array, masks: jax.Array) -> dict:
+    """Set the grammar bitmask of each slot: slot_ids [G] i32 (padding: 0, the null slot), masks [G, W] i32;
+    returns the new pools."""
+    return {**pools, "grammar_mask": pools["grammar_mask"].at[slot_ids].set(masks)}

@@ -38,10 +38,11 @@ def test_out_of_range_is_400_naming_the_field(server, field, value):
 @pytest.mark.parametrize(("field", "value"), [
     ("logit_bias", {"5": 101}), ("logit_bias", {"five": 1}), ("logit_bias", {"999999999": 1}),
     ("allowed_token_ids", []), ("allowed_token_ids", [10**9]), ("bad_words", [1]), ("min_tokens", 20),
-    ("best_of", 2), ("guided_json", {"type": "object"}), ("guided_choice", ["a"]), ("guided_regex", "a+"),
-    ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"choice": ["a"]}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("response_format", {"type": "json_object"}), ("thinking_token_budget", -1), ("prompt_logprobs", 21),
+    ("best_of", 2), ("guided_json", "{not json"), ("guided_choice", []), ("guided_regex", "a(b"),
+    ("guided_grammar", "start: undefined_rule"), ("structured_outputs", {"json": 1}),
+    ("structured_outputs", {"regex": "a", "choice": ["a"]}), ("response_format", {"type": "structural_tag"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
+    ("thinking_token_budget", -1), ("prompt_logprobs", 21),
 ])
 def test_unsupported_or_bad_sampling_fields_are_400(server, field, value):
     body = {"model": server.model, "prompt": "hi", "max_tokens": 16, field: value}
