@@ -33,6 +33,14 @@ class DecodeCall(NamedTuple):
         return self.next_batch.tokens.shape[0]
 
 
+class PendingSample(NamedTuple):
+    """A one-step decode call whose forward is queued and whose sample is not (see `Runner.launch_forward`)."""
+
+    requests: list[Request]  # rows 0.. of the batch
+    logits: jax.Array  # [B, V] f32 on the device
+    batch: DecodeBatch  # the call's inputs
+
+
 class FirstTokens(NamedTuple):
     """Prefill's samples for the requests whose prompts it finished, still on the device: the first decode call
     over them is queued before the host reads them."""

@@ -5,7 +5,8 @@ prefilled in chunks under a per-step token budget, then decoded together in fixe
 `Scheduler` decides each step from request state alone; the `Runner` owns the weights, the pools and the
 compiled programs and queues the steps on the device; the loop here joins the two, ordering the device's
 work ahead of the host's reads. Requests with a grammar (structured outputs) need the host between steps: while
-one decodes, the batch runs a step per call (see `_decode_stepwise`).
+one decodes, the batch runs a step per call, its masks computed while the step's forward runs (see
+`_decode_stepwise`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Engine:
         structured_outputs are refused)."""
         self.config = config
         self.think_token_ids = think_token_ids
-        self.runner = Runner(model, config, valid_vocab=valid_vocab, executable_dir=executable_dir)
+        self.runner = Runner(model, config, valid_vocab=valid_vocab, executable_dir=executable_dir,
+                             grammars=tokenizer is not None)
         layout = self.runner.layout
         pages = BlockAllocator(layout.num_pages)
         prefix = None
@@ -294,21 +296,33 @@ class Engine:
 
     def _decode_stepwise(self) -> None:
         """A decode call of one step over a batch with grammar rows: each row's next mask depends on the token
-        just sampled, so the host reads the samples (of the call before, and prefill's first tokens) and its
-        matchers consume them before the masks of this call are computed and written. Rows whose think block is
-        still open are unconstrained, but wait for the host the same way (the step after their end-of-think
-        token is masked)."""
-        s = self.scheduler
+        just sampled. The call's forward is queued first (chained after the call in flight when the requests
+        stay the same); then the host reads the samples before it (and prefill's first tokens), its matchers
+        consume them, and the masks are computed while the forward runs; then the sample is queued with them.
+        Until the forward and sample programs are built, the whole step runs after the masks, written into the
+        pools. Rows whose think block is still open are unconstrained, but wait for the host the same way (the
+        step after their end-of-think token is masked)."""
+        s, runner = self.scheduler, self.runner
         previous, self._inflight = self._inflight, None
         first, self._first = self._first, None
+        pending = None
+        if previous is not None and first is None and s.chained(previous.requests, previous.steps, False):
+            pending = runner.launch_forward(previous.requests, [previous.size], after=previous)
         if previous is not None:
             self._deliver(previous)
         if first is not None:
             s.deliver(first.requests, host_samples(first.sampled, first.requests), first.rows)
-        call = s.unchained(False)
-        if call is not None:
-            self.runner.write_grammar_masks([r for r in call[0] if r.grammar_active])
-            self._inflight = self.launch_decode(*call)
+        if pending is None:
+            call = s.unchained(False)
+            if call is None:
+                return
+            buckets = [b for _, b in s.decode_choices(call[1], len(call[0]))]
+            pending = runner.launch_forward(call[0], list(dict.fromkeys(buckets)))
+            if pending is None:
+                runner.write_grammar_masks([r for r in call[0] if r.grammar_active])
+                self._inflight = self.launch_decode(*call)
+                return
+        self._inflight = runner.launch_sample(pending)
 
     def _deliver(self, call: DecodeCall) -> None:
         for sampled in self.runner.read(call):

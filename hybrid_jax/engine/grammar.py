@@ -145,13 +145,16 @@ class GrammarState:
 _executor: llguidance.LLExecutor | None = None
 
 
-def fill_masks(states: Sequence[GrammarState], out: np.ndarray) -> None:
-    """Write each active state's next-token bitmask into its row of ``out`` [>= len(states), words] int32
-    (C-contiguous), in parallel."""
+def fill_masks(states: Sequence[GrammarState], out: np.ndarray, rows: Sequence[int] | None = None) -> None:
+    """Write each active state's next-token bitmask into ``out`` [rows, words] int32 (C-contiguous), in
+    parallel: state i into row ``rows[i]`` (default: row i)."""
     global _executor
     import llguidance
     from llguidance.numpy import fill_next_token_bitmask_par
 
+    if not states:
+        return
     if _executor is None:
         _executor = llguidance.LLExecutor()
-    fill_next_token_bitmask_par(_executor, [(s.matcher, i) for i, s in enumerate(states)], out)
+    rows = range(len(states)) if rows is None else rows
+    fill_next_token_bitmask_par(_executor, [(s.matcher, i) for s, i in zip(states, rows, strict=True)], out)

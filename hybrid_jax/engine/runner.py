@@ -14,39 +14,30 @@ import os
 import time
 from collections import Counter
 from dataclasses import asdict
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from hybrid_jax.caches.paged import PagedKernels
-from hybrid_jax.caches.pools import is_pool_spec, pool_specs, snapshot_specs
 from hybrid_jax.engine.batches import decode_batch, prefill_batch
-from hybrid_jax.engine.cache import allocate_pools, plan_layout, weight_device_bytes
-from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples, take_first_tokens
+from hybrid_jax.engine.cache import plan_layout, weight_device_bytes
+from hybrid_jax.engine.calls import DecodeCall, FirstTokens, PendingSample, host_samples
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.grammar import fill_masks, mask_words
+from hybrid_jax.engine.jitted import JittedSteps
+from hybrid_jax.engine.placement import Placement, place_model
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.prompt_logprobs import PromptScorer
 from hybrid_jax.engine.requests import PromptLogprob, Request
 from hybrid_jax.engine.sampler import Sampled
 from hybrid_jax.engine.scheduler import Variant
-from hybrid_jax.engine.steps import (
-    DecodeBatch,
-    PrefillBatch,
-    decode_step,
-    multi_decode_step,
-    prefill_step,
-    restore_snapshots,
-    write_grammar_masks,
-)
+from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch
 from hybrid_jax.model import Qwen35ForCausalLM
-from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
 
 log = logging.getLogger("hybrid_jax.engine")
+
+SPLIT_DECODE = ("decode_logits", "decode_sample")  # the programs of a decode step run as forward, then sample
 
 
 def _is_abstract(model: nnx.Module) -> bool:
@@ -57,192 +48,98 @@ class Runner:
     """Owns the weights, the cache pools and the programs; runs the steps the engine loop asks for."""
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig, *, valid_vocab: int | None = None,
-                 executable_dir: str | os.PathLike | None = None):
+                 executable_dir: str | os.PathLike | None = None, grammars: bool = False):
         """``model`` may be abstract (shape-only parameters): its programs can be built (`prepare_programs`)
-        while the weights load, and `attach` gives it the loaded model before `warmup`."""
-        self.model, self.config = model, config
+        while the weights load, and `attach` gives it the loaded model before `warmup`. ``grammars``: requests
+        may have one (their programs are built)."""
+        self.model, self.config, self.grammars = model, config, grammars
         self.valid_vocab = valid_vocab or model.config.vocab_size
         self.weights_loaded = not _is_abstract(model)
-        self.mesh = self._place_model(model)
+        tp = config.tensor_parallel_size
+        mesh = place_model(model, tp, self.weights_loaded)
         # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
         # in Python node by node (~10 us a weight a call: DESIGN).
-        self._graphdef, weights = nnx.split(model)
+        graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
         self.weights = tuple(leaves)
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
                                   memory_utilization=config.memory_utilization, num_pages=config.num_pages,
-                                  tp=config.tensor_parallel_size, weight_bytes=weight_device_bytes(leaves),
+                                  tp=tp, weight_bytes=weight_device_bytes(leaves),
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
-        shapes, self._pool_shardings, self._batch_sharding = self._pool_layout()
-        self._snapshot_shapes, self._snapshot_shardings = self._snapshot_layout()
-        self.pools = allocate_pools(shapes, self._pool_shardings)
-        self.snapshots = self._allocate_snapshots()
+        self.placement = Placement(model, self.layout, mesh, tp)
+        self.pools = self.placement.allocate_pools()
+        self.snapshots = self.placement.allocate_snapshots()
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
-        self.decode_steps = config.decode_steps if self.mesh is None else 1
-        self._prefill, self._decode = self._jit_steps()
-        self._restore = self._jit_restore()
-        self._take_first_tokens = jax.jit(take_first_tokens)
-        self._write_masks = self._jit_mask_writes()
-        self.devices = list(self.mesh.devices.flat) if self.mesh is not None else jax.devices()[:1]
+        self.decode_steps = config.decode_steps if mesh is None else 1
+        self.steps = JittedSteps(model.config, graphdef, self._weights_def, self.weights, self.placement,
+                                 page_size=self.layout.page_size, valid_vocab=self.valid_vocab,
+                                 decode_steps=self.decode_steps)
+        self.devices = self.placement.devices
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
-        self.scorer = PromptScorer(self._graphdef, self._weights_def, self.weights, self.valid_vocab,
-                                   config.max_model_len, store, self._program_context(), self._batch_sharding)
+        self.scorer = PromptScorer(graphdef, self._weights_def, self.weights, self.valid_vocab,
+                                   config.max_model_len, store, self._program_context(), self.placement.batch)
         self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
         self._prepared = False  # the programs start needs are built
         self._load_seconds = 0.0  # spent loading them from the store
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
 
-    # -- the steps: every use of `steps`, the model's sharding and the pools' layout ----------------------
-    def _place_model(self, model: Qwen35ForCausalLM) -> Mesh | None:
-        """The mesh of ``tensor_parallel_size`` devices (None for one) with ``model`` sharded over it."""
-        tp = self.config.tensor_parallel_size
-        mesh = make_mesh(tp) if tp > 1 else None
-        if mesh is not None:
-            if not self.weights_loaded:
-                raise ValueError("tensor_parallel_size: an engine over a mesh needs its weights loaded first")
-            shard_model(model, mesh)
-        return mesh
-
-    def _pool_layout(self) -> tuple[dict, dict | None, NamedSharding | None]:
-        """The pools' shapes, their shardings and the batches' (None without a mesh)."""
-        config, layout = self.model.config, self.layout
-        specs = pool_specs(config, num_pages=layout.num_pages, page_size=layout.page_size,
-                           num_slots=layout.num_slots, dtype=self.model.dtype, vocab=config.vocab_size,
-                           kv_heads=stored_kv_heads(config, self.config.tensor_parallel_size))
-        shapes = jax.tree.map(lambda p: p.struct(), specs, is_leaf=is_pool_spec)
-        if self.mesh is None:
-            return shapes, None, None
-        pools = jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
-        return shapes, pools, NamedSharding(self.mesh, PartitionSpec())
-
-    def _snapshot_layout(self) -> tuple[dict | None, dict | None]:
-        """The snapshot pool's shapes and shardings (None without a snapshot pool; shardings None without a mesh)."""
-        if not self.layout.num_snapshots:
-            return None, None
-        config = self.model.config
-        specs = snapshot_specs(config, num_snapshots=self.layout.num_snapshots, dtype=self.model.dtype,
-                               vocab=config.vocab_size)
-        shapes = jax.tree.map(lambda p: p.struct(), specs, is_leaf=is_pool_spec)
-        if self.mesh is None:
-            return shapes, None
-        return shapes, jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
-
-    def _allocate_snapshots(self) -> dict | None:
-        if self._snapshot_shapes is None:
-            return None
-        return allocate_pools(self._snapshot_shapes, self._snapshot_shardings)
-
-    def _jit_restore(self):
-        """The jitted snapshot restore (snapshots -> slots), donating the pools."""
-        kw = dict(donate_argnums=0)
-        if self.mesh is not None:
-            kw = dict(kw, in_shardings=(self._pool_shardings, self._snapshot_shardings, self._batch_sharding,
-                                        self._batch_sharding), out_shardings=self._pool_shardings)
-        return jax.jit(restore_snapshots, **kw)
-
-    def _jit_mask_writes(self):
-        """The jitted grammar-bitmask write into the pools (donated)."""
-        kw = dict(donate_argnums=0)
-        if self.mesh is not None:
-            kw = dict(kw, in_shardings=(self._pool_shardings, self._batch_sharding, self._batch_sharding),
-                      out_shardings=self._pool_shardings)
-        return jax.jit(write_grammar_masks, **kw)
-
-    def _jit_steps(self) -> tuple:
-        """The jitted prefill step, and the decode steps by variant (greedy_only, steps per call); several
-        steps per call only for greedy batches."""
-        step_kw = dict(kernels=PagedKernels(self.model.config, self.mesh), page_size=self.layout.page_size,
-                       valid_vocab=self.valid_vocab)
-        prefill_kw = dict(donate_argnums=(1, 2))  # the pools and the snapshots
-        # A decode call's batch is donated too: the next call's batch, returned in its buffers, costs no copies.
-        decode_kw = dict(donate_argnums=(1, 2))
-        if self.mesh is not None:
-            # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
-            # so a chained decode call's batch (the previous call's output) has the sharding the warm-up compiled
-            # for (and decode_batch places the host's batch the same way: the same input type).
-            replicated = self._batch_sharding
-            weight_shardings = tuple(w.sharding for w in self.weights)
-            prefill_kw = dict(prefill_kw, in_shardings=(weight_shardings, self._pool_shardings,
-                                                        self._snapshot_shardings, replicated),
-                              out_shardings=(replicated, self._pool_shardings, self._snapshot_shardings))
-            decode_kw = dict(decode_kw, in_shardings=(weight_shardings, self._pool_shardings, replicated),
-                             out_shardings=(replicated, replicated, self._pool_shardings))
-        prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **prefill_kw)
-        decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy, **step_kw),
-                                       **decode_kw) for greedy in (False, True)}
-        if self.decode_steps > 1:
-            decode[True, self.decode_steps] = jax.jit(
-                partial(self._run_decode_step, multi_decode_step, num_steps=self.decode_steps, greedy_only=True,
-                        **step_kw), **decode_kw)
-        return prefill, decode
-
-    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
-        """A decode step whose samples carry a leading [steps] axis, plus the inputs of the next call over the
-        same requests (its tokens the last samples, positions and sampling steps advanced), made on the device:
-        a chained call needs no host-side array op and no host-to-device copy. The rows' output history (what
-        bad words are matched against) takes the input tokens here, on the device: the host may not have them
-        (only constrained rows keep one)."""
-        constraints = batch.rows.constraints
-        shifted = jnp.concatenate([constraints.recent[:, 1:], batch.tokens[:, None]], axis=1)  # [B, HISTORY]
-        recent = jnp.where(constraints.constrained[:, None], shifted, constraints.recent)
-        batch = batch._replace(rows=batch.rows._replace(constraints=constraints._replace(recent=recent)))
-        sampled, pools = self._run(step, weights, pools, batch, **kw)
-        if sampled.tokens.ndim == 1:
-            sampled = jax.tree.map(lambda x: x[None], sampled)
-        real = batch.slot_ids > 0  # [B] padding rows stay as the host pads them
-        advance = lambda x: jnp.where(real, x + sampled.tokens.shape[0], x)
-        next_batch = batch._replace(tokens=jnp.where(real, sampled.tokens[-1], 0), positions=advance(batch.positions),
-                                    rows=batch.rows._replace(step=advance(batch.rows.step)))
-        return sampled, next_batch, pools
-
-    def _run(self, step, weights: tuple[jax.Array, ...], *args, **kw):
-        model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
-        return step(model, *args, **kw)
-
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
-        ("first_tokens", B) | ("grammar_masks", B) | ("snapshot_restore", S) (with a snapshot pool), essential
-        ones first: the general decode at the largest batch and the largest
-        prefill serve any request; the rest, smallest buckets first, only make some faster."""
+        ("first_tokens", B) | ("grammar_masks", B), ("decode_logits", B), ("decode_sample", B) (with grammars;
+        the last two without a mesh) | ("snapshot_restore", S) (with a snapshot pool), essential ones first:
+        the general decode at the largest batch and the largest prefill serve any request; the rest, smallest
+        buckets first, only make some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
         # from the compiled one's.
-        placed = lambda a: a.sharding if self.mesh is not None else None
+        placed = lambda a: a.sharding if self.placement.mesh is not None else None
         shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
         pools = jax.tree.map(shape_of, self.pools)
         snapshots = jax.tree.map(shape_of, self.snapshots) if self.snapshots is not None else None
         weights = tuple(map(shape_of, self.weights))
         largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
-        rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self._batch_sharding)  # placed as a batch
+        rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self.placement.batch)  # placed as a batch
         specs = {}
         for size in reversed(self.config.decode_buckets):
-            for (greedy, steps), fn in sorted(self._decode.items()):
+            for (greedy, steps), fn in sorted(self.steps.decode.items()):
                 specs["decode", greedy, steps, size] = ProgramSpec(
                     f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", fn,
                     (weights, pools, self.decode_batch([], size)),
                     essential=size == largest_decode and not greedy)
             specs["first_tokens", size] = ProgramSpec(
-                f"first tokens B={size}", self._take_first_tokens,
+                f"first tokens B={size}", self.steps.take_first_tokens,
                 (rows(size), rows(self.config.max_prefill_seqs), rows(size)),
                 essential=size == largest_decode)
+            if not self.grammars:
+                continue
             masks = jax.ShapeDtypeStruct((size, mask_words(self.model.config.vocab_size)), jnp.int32,
-                                         sharding=self._batch_sharding)
-            specs["grammar_masks", size] = ProgramSpec(f"grammar masks G={size}", self._write_masks,
+                                         sharding=self.placement.batch)
+            specs["grammar_masks", size] = ProgramSpec(f"grammar masks G={size}", self.steps.write_masks,
                                                        (pools, rows(size), masks), essential=size == largest_decode)
+            if self.steps.split_decode is not None:
+                forward, sample = self.steps.split_decode
+                batch = self.decode_batch([], size)
+                logits = jax.ShapeDtypeStruct((size, self.model.config.vocab_size), jnp.float32)
+                specs["decode_logits", size] = ProgramSpec(f"decode forward B={size}", forward,
+                                                           (weights, pools, batch), essential=False)
+                specs["decode_sample", size] = ProgramSpec(
+                    f"decode sample B={size}", sample,
+                    (pools, logits, batch, masks, jax.ShapeDtypeStruct((size,), jnp.bool_)), essential=False)
         for size in reversed(self.config.prefill_buckets):
-            specs["prefill", size] = ProgramSpec(f"prefill T={size}", self._prefill,
+            specs["prefill", size] = ProgramSpec(f"prefill T={size}", self.steps.prefill,
                                                  (weights, pools, snapshots, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
         if self.snapshots is not None:
             pairs = (rows(self.config.max_prefill_seqs),) * 2
             specs["snapshot_restore", self.config.max_prefill_seqs] = ProgramSpec(
-                "snapshot restore", self._restore, (pools, snapshots, *pairs), essential=True)
-        # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first.
-        order = lambda key: (not specs[key].essential, key[-1], key[0] != "decode", -key[2] if key[0] == "decode"
-                             else 0)
+                "snapshot restore", self.steps.restore, (pools, snapshots, *pairs), essential=True)
+        # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first; the
+        # split decode (only grammar rows run it) last.
+        order = lambda key: (not specs[key].essential, key[0] in SPLIT_DECODE, key[-1], key[0] != "decode",
+                             -key[2] if key[0] == "decode" else 0)
         return {key: specs[key] for key in sorted(specs, key=order)}
 
     def _program_context(self) -> dict:
@@ -274,12 +171,11 @@ class Runner:
                  len(wanted), self._load_seconds)
         missing = [k for k in wanted if programs.get(k) is None]
         if missing:
-            shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.pools)
             self.pools = self.snapshots = None
             seconds = programs.compile_missing(missing, threads, "compiling programs")
             log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
-            self.pools = allocate_pools(shapes, self._pool_shardings)
-            self.snapshots = self._allocate_snapshots()
+            self.pools = self.placement.allocate_pools()
+            self.snapshots = self.placement.allocate_snapshots()
         self._prepared = True
 
     def warmup(self) -> None:
@@ -306,6 +202,11 @@ class Runner:
                     self.restore_snapshots([], padding=True)
                 elif key[0] == "prefill":
                     _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
+                elif key[0] == "decode_logits":
+                    _, self.pools = compiled(self.weights, self.pools, args[2])
+                elif key[0] == "decode_sample":
+                    zeros = [jnp.zeros(a.shape, a.dtype) for a in (args[1], args[3], args[4])]
+                    *_, self.pools = compiled(self.pools, zeros[0], args[2], *zeros[1:])
                 elif key[0] == "grammar_masks":
                     self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
                 else:
@@ -364,8 +265,8 @@ class Runner:
             else:  # not built yet: read prefill's tokens on the host
                 first_tokens = np.asarray(first.sampled.tokens)[np.maximum(source, 0)]
                 batch = batch._replace(tokens=np.where(source >= 0, first_tokens, batch.tokens))
-        if self.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
-            batch = jax.device_put(batch, self._batch_sharding)  # would be another input type, another compile
+        if self.placement.mesh is not None:  # placed as a chained call's inputs are (arrays on the mesh): host arrays
+            batch = jax.device_put(batch, self.placement.batch)  # would be another input type, another compile
         return batch
 
     def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> PrefillBatch:
@@ -397,6 +298,36 @@ class Runner:
         sampled, next_batch, self.pools = program(self.weights, self.pools, batch)
         self.runs[("decode", *variant, size)] += 1
         return DecodeCall(requests, variant, sampled, next_batch)
+
+    def launch_forward(self, requests: list[Request], buckets: list[int],
+                       after: DecodeCall | None = None) -> PendingSample | None:
+        """Queue the forward of a one-step decode call over ``requests`` (``after``: chained after it, as in
+        `launch_decode`) at the first of ``buckets`` whose forward and sample are both built; `launch_sample`
+        queues its sample. None (nothing queued) when none is built."""
+        if self.steps.split_decode is None:
+            return None
+        size = next((b for b in buckets if self.program(("decode_logits", b)) is not None
+                     and self.program(("decode_sample", b)) is not None), None)
+        if size is None:
+            return None
+        batch = after.next_batch if after is not None else self.decode_batch(requests, size)
+        logits, self.pools = self.program(("decode_logits", size))(self.weights, self.pools, batch)
+        self.runs["decode_logits", size] += 1
+        return PendingSample(requests, logits, batch)
+
+    def launch_sample(self, pending: PendingSample) -> DecodeCall:
+        """Compute the next-token bitmask of each of ``pending``'s requests whose grammar is active (on the host,
+        while the forward runs) and queue the sample with them."""
+        size = pending.batch.tokens.shape[0]
+        masks = np.zeros((size, mask_words(self.model.config.vocab_size)), np.int32)
+        active = [i for i, r in enumerate(pending.requests) if r.grammar_active]
+        fill_masks([pending.requests[i].grammar for i in active], masks, active)
+        masked = np.zeros(size, np.bool_)
+        masked[active] = True
+        sampled, next_batch, self.pools = self.program(("decode_sample", size))(
+            self.pools, pending.logits, pending.batch, masks, masked)
+        self.runs["decode_sample", size] += 1
+        return DecodeCall(pending.requests, (False, 1), sampled, next_batch)
 
     def score_prompt(self, prompt_ids: list[int], top_n: int) -> list[PromptLogprob | None] | None:
         """The prompt's logprobs (see `PromptScorer.score`); None while their program is being built."""

@@ -1,5 +1,6 @@
 """The engine's fixed-shape steps over the cache pools: packed chunked prefill (writing the prefix cache's state
-snapshots), batched decode, and the restore of a snapshot into a slot.
+snapshots), batched decode (whole, or as a forward and a sample apart, for grammar masks the host computes
+between the two), and the restore of a snapshot into a slot.
 
 Both are pure functions of (weights, pools, batch) that the engine jits once per shape bucket with the
 pools donated, so every cache update is in place. Each runs the model's decoder over a cache of
@@ -8,6 +9,7 @@ pools donated, so every cache update is in place. Each runs the model's decoder 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -97,9 +99,9 @@ def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
     return snapshot_masks.at[snapshot].set(masks, mode="drop")
 
 
-def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels, page_size: int,
-                valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
-    """One token for each row; returns the samples and the new pools. ``greedy_only``: see `sample`."""
+def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels,
+                  page_size: int) -> tuple[jax.Array, dict]:
+    """The model's forward for one token of each row: logits [B, V] f32 and the new pools (caches written)."""
     fused = kernels.mesh is None  # under a mesh the KV heads may be copied per shard and the conv channels
     # split by position, not by head: unfused there
     kind = FusedDecodeCache if fused else DecodeCache
@@ -107,12 +109,27 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, ke
                  positions=batch.positions, slot_ids=batch.slot_ids, page_tables=batch.page_tables)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [B, D]
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
+    return logits, {**pools, "layers": cache.updated}
+
+
+def decode_sample(pools: dict, logits: jax.Array, batch: DecodeBatch, grammar_masks: Callable[[], jax.Array], *,
+                  valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
+    """A token for each row from its logits [B, V]; returns the samples and the pools with the output counts
+    advanced. ``grammar_masks``: the rows' grammar bitmasks [B, ceil(V/32)] i32 (see `sampler.sample`)."""
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
-                     batch.want_top, valid_vocab, greedy_only=greedy_only,
-                     grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids])
+                     batch.want_top, valid_vocab, greedy_only=greedy_only, grammar_masks=grammar_masks)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(1)
-    return sampled, {**pools, "layers": cache.updated, "output_counts": counts}
+    return sampled, {**pools, "output_counts": counts}
+
+
+def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels, page_size: int,
+                valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
+    """One token for each row, its grammar bitmask read from the pools; returns the samples and the new pools.
+    ``greedy_only``: see `sample`."""
+    logits, pools = decode_logits(model, pools, batch, kernels=kernels, page_size=page_size)
+    return decode_sample(pools, logits, batch, lambda: pools["grammar_mask"][batch.slot_ids],
+                         valid_vocab=valid_vocab, greedy_only=greedy_only)
 
 
 def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, num_steps: int,
