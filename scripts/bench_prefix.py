@@ -18,7 +18,8 @@ null where it omits them, as vLLM does without ``--enable-prompt-tokens-details`
   boundary before the prompt's last token).
 - ``chat``: a multi-turn conversation on /v1/chat/completions: a system prompt of random words, each turn a
   user message of random words and 128 tokens answered with ignore_eos; the answer's content joins the messages.
-  Per turn: TTFT, prompt and cached tokens; in all: the summed TTFT.
+  ``--chat-think-s`` waits that long before each next turn (a person reading the answer). Per turn: TTFT,
+  prompt and cached tokens; in all: the summed TTFT.
 - ``shared-system``: requests that share a random 2048-id prefix, each with its own 128-id suffix, at fixed
   concurrency; one request primes the prefix before the timed ones. TTFT p50/p99, requests/s, output tokens/s,
   mean cached tokens and the requests that hit.
@@ -183,6 +184,8 @@ async def chat(server: Server, args, rng) -> dict:
     messages = [{"role": "system", "content": words(args.chat_system_words)}]
     rows = []
     for turn in range(1, args.chat_turns + 1):
+        if turn > 1:
+            await asyncio.sleep(args.chat_think_s)
         messages.append({"role": "user", "content": words(args.chat_user_words)})
         result = await server.chat(messages, args.chat_max_tokens, **extra)
         if "error" in result:
@@ -300,6 +303,7 @@ def main() -> None:
     group.add_argument("--chat-system-words", type=int, default=500)
     group.add_argument("--chat-user-words", type=int, default=100)
     group.add_argument("--chat-max-tokens", type=int, default=128)
+    group.add_argument("--chat-think-s", type=float, default=0.0, help="seconds between an answer and the next turn")
     group.add_argument("--chat-template-kwargs", type=json.loads, default=None,
                        help='JSON sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\'')
     group = parser.add_argument_group("shared-system")

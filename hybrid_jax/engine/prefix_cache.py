@@ -71,6 +71,11 @@ class PrefixCache:
             chain.pop()
         return chain
 
+    def cached(self, tokens: list[int]) -> bool:
+        """Whether every block of ``tokens`` (a block multiple) is cached, the last with its state."""
+        chain = self.match(tokens)
+        return len(chain) * self.block_size == len(tokens) and bool(chain) and bool(chain[-1].snapshot)
+
     def snapshot_wanted(self, boundary: int, prompt_len: int) -> bool:
         """Whether the state after position ``boundary`` (a block multiple) of a prompt is snapshotted: every
         ``snapshot_stride``-th block boundary, the last one before the prompt's last token (what the same prompt

@@ -58,6 +58,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     snapshot_plan: list = field(default_factory=list)  # (boundary, snapshot id) the next prefill step writes
     cancelled: bool = False
+    fill: bool = False  # made by the scheduler to cache another request's tokens: prefilled, never sampled
     finished: bool = False
     min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens
     thinking_end: ThinkingEnd | None = None  # cleared once the end token is out

@@ -21,6 +21,10 @@
   where the output is complete), and with "error" on a token its grammar rejects.
 - Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
   before the next step; either frees its slot and the pages the cache does not own, and drops its blocks.
+- Fills (with the prefix cache): a request that ends at eos, a stop or max_tokens after its output crossed a
+  block boundary leaves a fill: a prefill-only request over its prompt + output up to the last boundary,
+  which caches those blocks with the state at their end (a chat's next turn resumes there). Fills run only
+  while nothing else is waiting or running (the last few are kept), so they never delay a request.
 
 The engine hands the scheduler host copies of the samples; the runner's device work is not seen here.
 """
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.prefix_cache import GDN_CHUNK, ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
+from hybrid_jax.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from hybrid_jax.engine.cache import BlockAllocator
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybrid_jax.engine")
 
 Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
+MAX_PENDING_FILLS = 4  # fills kept while the engine is busy (older ones are dropped)
 
 
 class Scheduler:
@@ -68,6 +74,7 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.prefix = prefix
+        self.fills: deque[Request] = deque(maxlen=MAX_PENDING_FILLS)  # not admitted yet, newest last
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
                          "prefix_cache_queries": 0, "prefix_cache_hits": 0}
 
@@ -102,7 +109,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """No request admitted or waiting for admission (those waiting for their prompt logprobs aside)."""
-        return not (self.waiting or self.prefilling or self.decoding)
+        return not (self.waiting or self.prefilling or self.decoding or self.fills)
 
     def take_arrivals(self, block: bool) -> None:
         """Move the inbox's requests to the scoring or waiting queue; ``block``: wait up to 0.5 s for the first."""
@@ -137,33 +144,41 @@ class Scheduler:
 
     def admit(self) -> list[tuple[int, int]]:
         """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free (cached prefix
-        pages shared, unused cached blocks evicted for room). Returns the (slot, snapshot) restores the admitted
-        hits need before their first prefill step."""
+        pages shared, unused cached blocks evicted for room); then, with nothing else waiting or running, the
+        newest fill. Returns the (slot, snapshot) restores the admitted hits need before their first prefill
+        step."""
         restores = []
-        while self.waiting and self.slots.num_free:
-            r = self.waiting[0]
-            hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
-            shared = [p for block in hit for p in block.pages]
-            need = self.pages_for(r.total_len) - len(shared)
-            if self.prefix is not None:
-                self.prefix.acquire(hit)
-                if not self.prefix.make_room(need):
-                    self.prefix.release(hit)
-                    break
-            elif self.pages.num_free < need:
-                break
+        while self.waiting and self.slots.num_free and (restore := self._admit(self.waiting[0])) is not None:
             self.waiting.popleft()
-            r.slot = self.slots.allocate(1)[0]
-            r.pages = shared + self.pages.allocate(need)
-            r.blocks = hit
-            r.num_prefilled = r.num_cached_tokens = len(shared) * self.page_size
-            if hit:
-                restores.append((r.slot, hit[-1].snapshot))
-            if self.prefix is not None:
-                self.counters["prefix_cache_queries"] += len(r.prompt_ids)
-                self.counters["prefix_cache_hits"] += r.num_cached_tokens
-            self.prefilling.append(r)
+            restores += restore
+        if self.fills and not (self.waiting or self.prefilling or self.decoding) and self.slots.num_free:
+            fill = self.fills.pop()
+            if not self.prefix.cached(fill.prompt_ids):
+                restores += self._admit(fill) or []  # no room: dropped
         return restores
+
+    def _admit(self, r: Request) -> list[tuple[int, int]] | None:
+        """Give ``r`` a slot and its pages, on its prefix's hit; the restores it needs, or None when its pages
+        cannot be freed."""
+        hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
+        shared = [p for block in hit for p in block.pages]
+        need = self.pages_for(r.total_len) - len(shared)
+        if self.prefix is not None:
+            self.prefix.acquire(hit)
+            if not self.prefix.make_room(need):
+                self.prefix.release(hit)
+                return None
+        elif self.pages.num_free < need:
+            return None
+        r.slot = self.slots.allocate(1)[0]
+        r.pages = shared + self.pages.allocate(need)
+        r.blocks = hit
+        r.num_prefilled = r.num_cached_tokens = len(shared) * self.page_size
+        if self.prefix is not None and not r.fill:
+            self.counters["prefix_cache_queries"] += len(r.prompt_ids)
+            self.counters["prefix_cache_hits"] += r.num_cached_tokens
+        self.prefilling.append(r)
+        return [(r.slot, hit[-1].snapshot)] if hit else []
 
     def finish(self, r: Request, token: int | None, reason: str, error: Exception | None = None) -> None:
         """End ``r`` and free its slot and pages; ``token`` None: send a final event without a token."""
@@ -186,11 +201,25 @@ class Scheduler:
         r.slot, r.pages, r.blocks, r.snapshot_plan = 0, [], [], []
         r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
+        if r.fill:
+            return
         self.counters["requests_finished"] += 1
+        if reason in ("stop", "length"):
+            self._plan_fill(r)
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
         if token is None:
             r.events.put(TokenEvent(None, None, None, reason, time.monotonic()))
+
+    def _plan_fill(self, r: Request) -> None:
+        """Keep a fill of ``r``'s tokens up to their last block boundary when its output crossed one."""
+        if self.prefix is None:
+            return
+        tokens, b = r.prompt_ids + r.output_ids, self.prefix.block_size
+        end = len(tokens) // b * b
+        if end > len(r.prompt_ids) // b * b:
+            self.fills.append(Request(f"{r.request_id}-fill", tokens[:end], SamplingParams(max_tokens=1), 0,
+                                      fill=True))
 
     def fail_running(self, error: Exception) -> None:
         """End every admitted request with "error" (a step failed)."""
@@ -278,8 +307,8 @@ class Scheduler:
         done, rows = [], []
         for s, (r, n) in enumerate(chunks):
             r.num_prefilled += n
-            self.counters["prompt_tokens"] += n
-            if r.num_prefilled == len(r.prompt_ids):
+            self.counters["prompt_tokens"] += 0 if r.fill else n
+            if r.num_prefilled == len(r.prompt_ids) and not r.fill:  # a fill ends in `cache_prefilled`
                 self.prefilling.remove(r)
                 self.decoding.append(r)
                 done.append(r)
@@ -303,6 +332,8 @@ class Scheduler:
                 r.blocks.append(self.prefix.add(parent, r.prompt_ids, index, pages)[0])
             for boundary, snapshot in plan:
                 self.prefix.attach_snapshot(r.blocks[boundary // block_size - 1], snapshot)
+            if r.fill and r.num_prefilled == len(r.prompt_ids):
+                self.finish(r, None, "fill")
 
     def reset_prefix_cache(self) -> bool:
         """Evict every cached block no request holds; True when the cache is empty after."""
@@ -362,7 +393,8 @@ class Scheduler:
     def stats(self) -> dict:
         # Pages of cached blocks no request holds count as free (evicted on demand), as vLLM counts them.
         evictable = self.prefix.evictable_pages if self.prefix is not None else 0
-        return {"running": len(self.prefilling) + len(self.decoding), "waiting": len(self.waiting) + len(self.scoring),
+        running = sum(not r.fill for r in self.prefilling) + len(self.decoding)
+        return {"running": running, "waiting": len(self.waiting) + len(self.scoring),
                 "pages_used": self.pages.num_used - evictable, "pages_total": self.pages.capacity,
                 "slots_used": self.slots.num_used, "slots_total": self.slots.capacity,
                 **(self.prefix.stats() if self.prefix is not None else {})}

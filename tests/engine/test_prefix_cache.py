@@ -151,3 +151,22 @@ def test_hits_under_tensor_parallelism(model, reference):
     assert [tokens for tokens, _ in out] == [tokens for tokens, _ in reference[:4]]
     off, _ = serve(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False), PROMPTS[:4])
     assert out == off
+
+
+def test_a_chat_turn_resumes_after_the_previous_answer(model):
+    """Turn two (turn one's prompt + answer + new tokens) hits the answer's last block boundary, cached by the fill
+    turn one left while the engine idled; its tokens and logprobs are the cache off's."""
+    answer = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    engine = make_engine(model, snapshot_stride=4)
+    try:
+        first = [e.token_id for e in engine.submit(BASE[:100], answer)]
+        deadline = time.monotonic() + 30
+        while engine.stats()["prefix_blocks"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        turn = BASE[:100] + first + OTHER[:30]
+        handle = engine.submit(turn, GREEDY)
+        out = result(handle)
+        assert handle.num_cached_tokens == 128
+    finally:
+        engine.shutdown()
+    assert_close([out], serve(make_engine(model, enable_prefix_caching=False), [turn])[0])

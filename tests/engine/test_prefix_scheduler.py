@@ -216,3 +216,28 @@ def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():
     """With a budget under a block, every other chunk ends on a boundary: its last GDN chunk ends there too."""
     s = make(stride=1, prefill_chunk=32)
     assert chunk_plan(s, request("a", prompt(100))) == [(32, []), (32, [64]), (32, []), (4, [])]
+
+
+def test_a_finished_request_leaves_a_fill_of_its_output_run_when_nothing_else_is():
+    """A request whose output crossed a block boundary leaves a prefill-only fill of its tokens up to the last one
+    (prompt + output: a chat's next turn resumes there); it waits while anything else runs, samples nothing and
+    counts in no request metric."""
+    s = make(stride=4)
+    a, c = request("a", prompt(100), max_tokens=40), request("c", prompt(30, seed=1), max_tokens=60)
+    for r in (a, c):
+        s.put(r)
+    s.take_arrivals(block=False)
+    while not a.finished:
+        step(s)
+    assert len(s.fills) == 1 and s.fills[0].prompt_ids == (a.prompt_ids + a.output_ids)[:128]
+    while not c.finished:
+        step(s)
+        assert not any(r.fill for r in s.prefilling)  # c still decodes
+    while not s.idle:
+        step(s)
+    tokens = a.prompt_ids + a.output_ids
+    assert s.prefix.cached(tokens[:128]) and s.slots.num_used == 0
+    assert s.counters["requests_finished"] == 2 and s.counters["prompt_tokens"] == 130
+    nxt = request("b", tokens + [1, 2, 3])
+    run(s, nxt)
+    assert nxt.num_cached_tokens == 128
