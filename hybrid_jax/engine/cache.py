@@ -48,10 +48,10 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
 
 
 def allocate_pools(shapes: dict, shardings: dict | None = None) -> dict:
-    """Zeroed pools, each created directly with its sharding (never whole on one device first)."""
-    if shardings is None:
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    return jax.tree.map(lambda s, sharding: jnp.zeros(s.shape, s.dtype, device=sharding), shapes, shardings)
+    """Zeroed pools, each created directly with its sharding (never whole on one device first), by one program
+    (a `jnp.zeros` each would compile one per shape)."""
+    zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return jax.jit(zeros, out_shardings=shardings)()
 
 
 class BlockAllocator:

@@ -81,9 +81,19 @@ class GrammarCompiler:
             if self._ll is None:
                 import llguidance
 
+                # An llguidance without LLTokenizer.eos_tokens (1.6.1, its newest manylinux_2_28 wheel) takes one
+                # eos token: the first, which a complete output may end with; the others stay outside grammars.
+                several = hasattr(llguidance.LLTokenizer, "eos_tokens")
+                eos = self._eos if several or not self._eos else self._eos[0]
                 self._ll = llguidance.LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self.vocab,
-                                                  eos_token=self._eos)
+                                                  eos_token=eos)
             return self._ll
+
+    @property
+    def end_tokens(self) -> set[int]:
+        """The eos tokens a complete output may end with."""
+        tokenizer = self._llguidance_tokenizer()
+        return set(getattr(tokenizer, "eos_tokens", [tokenizer.eos_token]))
 
     def compile(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         """A fresh matcher for ``spec``; GrammarError when the grammar is invalid or its compile takes longer

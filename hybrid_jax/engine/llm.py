@@ -78,7 +78,9 @@ class LLM:
         (`enable_compilation_cache`; XLA:CPU cannot serialize again an executable that cache returned)."""
         if compilation_cache_dir and jax.devices()[0].platform != "cpu":
             enable_compilation_cache(compilation_cache_dir)
+        start = time.perf_counter()
         source = model_source(model, dtype, seed)
+        log.info("start-up: model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
         self.tokenizer, self.model_name = source.tokenizer, source.name
         self.config: Qwen35Config = source.abstract.config
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)

@@ -69,8 +69,10 @@ class Runner:
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
         self.placement = Placement(model, self.layout, mesh, tp)
+        start = time.perf_counter()
         self.pools = self.placement.allocate_pools()
         self.snapshots = self.placement.allocate_snapshots()
+        log.info("start-up: cache pools allocated in %.1f s", time.perf_counter() - start)
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if mesh is None else 1
         self.steps = JittedSteps(model.config, graphdef, self._weights_def, self.weights, self.placement,
