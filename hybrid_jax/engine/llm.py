@@ -91,23 +91,26 @@ class LLM:
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
         tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
-        self.engine = None
+        self.model = self.engine = None
         if engine_config.tensor_parallel_size == 1 and warmup:
-            # With every start program in the executable store, they load while the weights do (both release
-            # the GIL for most of their time). Compiles wait for the weights instead: XLA's autotuner scratch
-            # beside weights still loading fragments device memory (27B ran out of memory at its first step).
+            # The stored start programs load while the weights do (both release the GIL for most of their time).
+            # Compiles wait for the weights instead: XLA's autotuner scratch beside weights still loading
+            # fragments device memory (27B ran out of memory at its first step).
             abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
-            if abstract_engine.load_stored_programs():
+            with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
+                loading = pool.submit(self._load, source)
+                stored = abstract_engine.load_stored_programs()
+                if stored:
+                    abstract_engine.prepare_programs()
+                else:
+                    abstract_engine.release()
+                self.model = loading.result()
+            if stored:
+                abstract_engine.attach(self.model)
                 self.engine = abstract_engine
-                with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-prepare") as pool:
-                    prepared = pool.submit(self.engine.prepare_programs)
-                    self.model = self._load(source)
-                    prepared.result()
-                self.engine.attach(self.model)
-            else:
-                abstract_engine.release()
-        if self.engine is None:
+        if self.model is None:
             self.model = self._load(source)
+        if self.engine is None:
             self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)
         tables.result()

@@ -23,8 +23,8 @@
   before the next step; either frees its slot and the pages the cache does not own, and drops its blocks.
 - Fills (with the prefix cache): a request that ends at eos, a stop or max_tokens after its output crossed a
   block boundary leaves a fill: a prefill-only request over its prompt + output up to the last boundary,
-  which caches those blocks with the state at their end (a chat's next turn resumes there). Fills run only
-  while nothing else is waiting or running (the last few are kept), so they never delay a request.
+  which caches those blocks with the state at their end (a chat's next turn resumes there); it starts once
+  the engine has idled a moment (`fills`).
 
 The engine hands the scheduler host copies of the samples; the runner's device work is not seen here.
 """
@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.fills import DELAY_S, Fills
 from hybrid_jax.engine.prefix_cache import GDN_CHUNK, ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
-from hybrid_jax.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from hybrid_jax.engine.cache import BlockAllocator
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("hybrid_jax.engine")
 
 Variant = tuple[bool, int]  # a decode program's (greedy_only, steps per call)
-MAX_PENDING_FILLS = 4  # fills kept while the engine is busy (older ones are dropped)
 
 
 class Scheduler:
@@ -61,10 +60,11 @@ class Scheduler:
     the engine thread."""
 
     def __init__(self, config: EngineConfig, slots: BlockAllocator, pages: BlockAllocator, *, page_size: int,
-                 decode_steps: int, eos_token_ids: Sequence[int] = (), prefix: PrefixCache | None = None):
+                 decode_steps: int, eos_token_ids: Sequence[int] = (), prefix: PrefixCache | None = None,
+                 fill_delay_s: float = DELAY_S):
         """``slots``, ``pages``: allocators of the pools' state slots and KV pages; ``decode_steps``: the most
         decode steps a call may run (the runner's: 1 under a mesh); ``prefix``: the prefix cache (None: off),
-        over ``pages``."""
+        over ``pages``; ``fill_delay_s``: the idle time before a fill starts."""
         self.config, self.slots, self.pages = config, slots, pages
         self.page_size, self.decode_steps = page_size, decode_steps
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -74,7 +74,7 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.prefix = prefix
-        self.fills: deque[Request] = deque(maxlen=MAX_PENDING_FILLS)  # not admitted yet, newest last
+        self.fills = Fills(prefix.block_size, fill_delay_s) if prefix is not None else None
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
                          "prefix_cache_queries": 0, "prefix_cache_hits": 0}
 
@@ -109,12 +109,15 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """No request admitted or waiting for admission (those waiting for their prompt logprobs aside)."""
-        return not (self.waiting or self.prefilling or self.decoding or self.fills)
+        return not (self.waiting or self.prefilling or self.decoding)
 
     def take_arrivals(self, block: bool) -> None:
-        """Move the inbox's requests to the scoring or waiting queue; ``block``: wait up to 0.5 s for the first."""
+        """Move the inbox's requests to the scoring or waiting queue; ``block``: wait for the first up to 0.5 s,
+        or until a pending fill may start."""
+        fill = self.fills.wait() if self.fills is not None else None
+        wait = 0.5 if fill is None else min(0.5, fill)
         try:
-            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=wait) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
                     (self.scoring if item.params.prompt_logprobs is not None else self.waiting).append(item)
@@ -144,17 +147,18 @@ class Scheduler:
 
     def admit(self) -> list[tuple[int, int]]:
         """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free (cached prefix
-        pages shared, unused cached blocks evicted for room); then, with nothing else waiting or running, the
-        newest fill. Returns the (slot, snapshot) restores the admitted hits need before their first prefill
-        step."""
+        pages shared, unused cached blocks evicted for room); then, once nothing else has waited or run for
+        ``fill_delay_s``, the newest fill. Returns the (slot, snapshot) restores the admitted hits need before
+        their first prefill step."""
         restores = []
         while self.waiting and self.slots.num_free and (restore := self._admit(self.waiting[0])) is not None:
             self.waiting.popleft()
             restores += restore
-        if self.fills and not (self.waiting or self.prefilling or self.decoding) and self.slots.num_free:
-            fill = self.fills.pop()
-            if not self.prefix.cached(fill.prompt_ids):
-                restores += self._admit(fill) or []  # no room: dropped
+        if self.fills is not None and not self.idle:
+            self.fills.busy()
+        elif self.fills is not None and self.slots.num_free and (fill := self.fills.take()) is not None \
+                and not self.prefix.cached(fill.prompt_ids):
+            restores += self._admit(fill) or []  # no room: dropped
         return restores
 
     def _admit(self, r: Request) -> list[tuple[int, int]] | None:
@@ -204,22 +208,12 @@ class Scheduler:
         if r.fill:
             return
         self.counters["requests_finished"] += 1
-        if reason in ("stop", "length"):
-            self._plan_fill(r)
+        if reason in ("stop", "length") and self.fills is not None:
+            self.fills.plan(r)
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
         if token is None:
             r.events.put(TokenEvent(None, None, None, reason, time.monotonic()))
-
-    def _plan_fill(self, r: Request) -> None:
-        """Keep a fill of ``r``'s tokens up to their last block boundary when its output crossed one."""
-        if self.prefix is None:
-            return
-        tokens, b = r.prompt_ids + r.output_ids, self.prefix.block_size
-        end = len(tokens) // b * b
-        if end > len(r.prompt_ids) // b * b:
-            self.fills.append(Request(f"{r.request_id}-fill", tokens[:end], SamplingParams(max_tokens=1), 0,
-                                      fill=True))
 
     def fail_running(self, error: Exception) -> None:
         """End every admitted request with "error" (a step failed)."""

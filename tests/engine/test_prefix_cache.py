@@ -145,7 +145,8 @@ def test_reset_empties_the_cache(model):
         engine.shutdown()
 
 
-def test_hits_under_tensor_parallelism(model, reference):
+def test_hits_under_tensor_parallelism(reference):
+    model = hybrid_jax.load_pretrained(GOLDEN, "float32")  # sharded in place by the engine: not the shared one
     out, cached = serve(make_engine(model, tensor_parallel_size=2, snapshot_stride=1), PROMPTS[:4])
     assert cached == [0, 64, 64, 128]
     assert [tokens for tokens, _ in out] == [tokens for tokens, _ in reference[:4]]

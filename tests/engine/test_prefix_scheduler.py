@@ -13,13 +13,14 @@ from hybrid_jax.engine.scheduler import Scheduler
 BLOCK = 64
 
 
-def make(pages: int = 64, slots: int = 4, snapshots: int = 16, stride: int = 1, **config) -> Scheduler:
+def make(pages: int = 64, slots: int = 4, snapshots: int = 16, stride: int = 1, fill_delay_s: float = 0.0,
+         **config) -> Scheduler:
     options = dict(max_batch=slots, max_model_len=512, page_size=16, prefill_chunk=128, max_prefill_seqs=2)
     options.update(config)
     page_ids = BlockAllocator(pages + 1)
     prefix = PrefixCache(BLOCK, 16, page_ids, BlockAllocator(snapshots + 1), stride)
     return Scheduler(EngineConfig(**options), BlockAllocator(slots + 1), page_ids, page_size=16, decode_steps=1,
-                     prefix=prefix)
+                     prefix=prefix, fill_delay_s=fill_delay_s)
 
 
 def request(name: str, prompt: list[int], max_tokens: int = 4) -> Request:
@@ -218,7 +219,7 @@ def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():
     assert chunk_plan(s, request("a", prompt(100))) == [(32, []), (32, [64]), (32, []), (4, [])]
 
 
-def test_a_finished_request_leaves_a_fill_of_its_output_run_when_nothing_else_is():
+def test_a_finished_request_leaves_a_fill_of_its_output_run_once_the_engine_idles():
     """A request whose output crossed a block boundary leaves a prefill-only fill of its tokens up to the last one
     (prompt + output: a chat's next turn resumes there); it waits while anything else runs, samples nothing and
     counts in no request metric."""
@@ -229,11 +230,11 @@ def test_a_finished_request_leaves_a_fill_of_its_output_run_when_nothing_else_is
     s.take_arrivals(block=False)
     while not a.finished:
         step(s)
-    assert len(s.fills) == 1 and s.fills[0].prompt_ids == (a.prompt_ids + a.output_ids)[:128]
+    assert [f.prompt_ids for f in s.fills.pending] == [(a.prompt_ids + a.output_ids)[:128]]
     while not c.finished:
         step(s)
         assert not any(r.fill for r in s.prefilling)  # c still decodes
-    while not s.idle:
+    while not s.idle or s.fills.pending:
         step(s)
     tokens = a.prompt_ids + a.output_ids
     assert s.prefix.cached(tokens[:128]) and s.slots.num_used == 0
@@ -241,3 +242,11 @@ def test_a_finished_request_leaves_a_fill_of_its_output_run_when_nothing_else_is
     nxt = request("b", tokens + [1, 2, 3])
     run(s, nxt)
     assert nxt.num_cached_tokens == 128
+
+
+def test_a_fill_waits_for_the_engine_to_idle_a_moment():
+    s = make(stride=4, fill_delay_s=30.0)
+    a = request("a", prompt(100), max_tokens=40)
+    run(s, a)
+    step(s)
+    assert len(s.fills.pending) == 1 and 29 < s.fills.wait() <= 30 and not s.prefilling
