@@ -3,6 +3,7 @@ state slots fit, the free lists of page and slot ids (0 is the null page / slot)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -49,9 +50,17 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
 
 def allocate_pools(shapes: dict, shardings: dict | None = None) -> dict:
     """Zeroed pools, each created directly with its sharding (never whole on one device first), by one program
-    (a `jnp.zeros` each would compile one per shape)."""
-    zeros = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    return jax.jit(zeros, out_shardings=shardings)()
+    per layout and process (a `jnp.zeros` each compiles one per shape)."""
+    leaves, tree = jax.tree.flatten(shapes)
+    specs = tuple((tuple(s.shape), jnp.dtype(s.dtype)) for s in leaves)
+    return jax.tree.unflatten(tree, _zeros(specs, None if shardings is None else tuple(jax.tree.leaves(shardings)))())
+
+
+@functools.cache
+def _zeros(specs: tuple, shardings: tuple | None):
+    """The jitted program making zeroed arrays of ``specs`` ((shape, dtype) each), placed by ``shardings``."""
+    return jax.jit(lambda: [jnp.zeros(shape, dtype) for shape, dtype in specs],
+                   out_shardings=None if shardings is None else list(shardings))
 
 
 class BlockAllocator:

@@ -316,8 +316,7 @@ class Engine:
             call = s.unchained(False)
             if call is None:
                 return
-            buckets = [b for _, b in s.decode_choices(call[1], len(call[0]))]
-            pending = runner.launch_forward(call[0], list(dict.fromkeys(buckets)))
+            pending = runner.launch_forward(call[0], s.decode_buckets(len(call[0])))
             if pending is None:
                 runner.write_grammar_masks([r for r in call[0] if r.grammar_active])
                 self._inflight = self.launch_decode(*call)

@@ -381,8 +381,11 @@ class Scheduler:
         same tokens (one step per call; the general sampler)."""
         greedy, _ = variant
         variants = list(dict.fromkeys([variant, (greedy, 1), (False, 1)]))
-        buckets = [size] if size is not None else [b for b in self.config.decode_buckets if b >= n]
-        return [(v, bucket) for bucket in buckets for v in variants]
+        return [(v, bucket) for bucket in ([size] if size is not None else self.decode_buckets(n)) for v in variants]
+
+    def decode_buckets(self, n: int) -> list[int]:
+        """The batch buckets that hold ``n`` rows, smallest first."""
+        return [b for b in self.config.decode_buckets if b >= n]
 
     def stats(self) -> dict:
         # Pages of cached blocks no request holds count as free (evicted on demand), as vLLM counts them.
