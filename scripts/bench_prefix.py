@@ -19,7 +19,10 @@ null where it omits them, as vLLM does without ``--enable-prompt-tokens-details`
 - ``chat``: a multi-turn conversation on /v1/chat/completions: a system prompt of random words, each turn a
   user message of random words and 128 tokens answered with ignore_eos; the answer's content joins the messages.
   ``--chat-think-s`` waits that long before each next turn (a person reading the answer). Per turn: TTFT,
-  prompt and cached tokens; in all: the summed TTFT.
+  prompt and cached tokens; in all: the summed TTFT. ``--chat-ids`` holds the conversation as token ids on
+  /v1/completions instead (random ids for the system prompt and user turns, each answer's own ids appended, read
+  back with ``return_tokens_as_token_ids``): what a model whose answers re-tokenize to themselves sends, which
+  random weights' answers do not.
 - ``shared-system``: requests that share a random 2048-id prefix, each with its own 128-id suffix, at fixed
   concurrency; one request primes the prefix before the timed ones. TTFT p50/p99, requests/s, output tokens/s,
   mean cached tokens and the requests that hit.
@@ -65,6 +68,12 @@ def chunk_output(chunk: dict) -> tuple[str, bool]:
     text = choice.get("text") or delta.get("content") or ""
     other = delta.get("reasoning") or delta.get("reasoning_content") or delta.get("tool_calls")
     return text, bool(text or other or choice.get("finish_reason"))
+
+
+def chunk_token_ids(chunk: dict) -> list[int]:
+    """The token ids a /v1/completions chunk's logprobs name as "token_id:N" (return_tokens_as_token_ids)."""
+    tokens = ((chunk.get("choices") or [{}])[0].get("logprobs") or {}).get("tokens") or []
+    return [int(t.split(":", 1)[1]) for t in tokens if t.startswith("token_id:")]
 
 
 def usage_figures(usage: dict | None) -> dict:
@@ -127,7 +136,7 @@ class Server:
         payload = {"model": self.model, "temperature": 0, "stream": True,
                    "stream_options": {"include_usage": True}, **payload}
         start = time.perf_counter()
-        first, usage, parts = None, None, []
+        first, usage, parts, ids = None, None, [], []
         async with self.session.post(self.base_url + path, json=payload) as resp:
             if resp.status != 200:
                 return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
@@ -143,13 +152,15 @@ class Server:
                 if output and first is None:
                     first = time.perf_counter()
                 parts.append(text)
+                ids += chunk_token_ids(chunk)
         if first is None:
             return {"error": "no output"}
         return {"ttft": first - start, "latency": time.perf_counter() - start, "text": "".join(parts),
-                **usage_figures(usage)}
+                "token_ids": ids, **usage_figures(usage)}
 
-    async def complete(self, prompt: list[int], max_tokens: int) -> dict:
-        return await self.stream("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+    async def complete(self, prompt: list[int], max_tokens: int, **extra) -> dict:
+        return await self.stream("/v1/completions",
+                                 {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra})
 
     async def chat(self, messages: list[dict], max_tokens: int, **extra) -> dict:
         return await self.stream("/v1/chat/completions",
@@ -180,18 +191,25 @@ async def cold_warm(server: Server, args, rng) -> dict:
 
 async def chat(server: Server, args, rng) -> dict:
     words = lambda n: " ".join(rng.choice(WORDS, n)).capitalize() + "."
+    ids = lambda n: rng.integers(0, args.vocab, n).tolist()
     extra = {"chat_template_kwargs": args.chat_template_kwargs} if args.chat_template_kwargs else {}
     messages = [{"role": "system", "content": words(args.chat_system_words)}]
+    history = ids(args.chat_system_words)  # --chat-ids: the conversation's token ids
     rows = []
     for turn in range(1, args.chat_turns + 1):
         if turn > 1:
             await asyncio.sleep(args.chat_think_s)
-        messages.append({"role": "user", "content": words(args.chat_user_words)})
-        result = await server.chat(messages, args.chat_max_tokens, **extra)
+        if args.chat_ids:
+            history += ids(args.chat_user_words)
+            result = await server.complete(history, args.chat_max_tokens, logprobs=0, return_tokens_as_token_ids=True)
+            history += result.get("token_ids", [])
+        else:
+            messages.append({"role": "user", "content": words(args.chat_user_words)})
+            result = await server.chat(messages, args.chat_max_tokens, **extra)
+            messages.append({"role": "assistant", "content": result.get("text", "")})
         if "error" in result:
             rows.append({"turn": turn, "error": result["error"]})
             break
-        messages.append({"role": "assistant", "content": result["text"]})
         rows.append({"turn": turn, "ttft_ms": ms(result), "prompt_tokens": result["prompt_tokens"],
                      "cached_tokens": result["cached_tokens"], "completion_tokens": result["completion_tokens"]})
         print(json.dumps(rows[-1]), flush=True)
@@ -304,6 +322,7 @@ def main() -> None:
     group.add_argument("--chat-user-words", type=int, default=100)
     group.add_argument("--chat-max-tokens", type=int, default=128)
     group.add_argument("--chat-think-s", type=float, default=0.0, help="seconds between an answer and the next turn")
+    group.add_argument("--chat-ids", action="store_true", help="the conversation as token ids on /v1/completions")
     group.add_argument("--chat-template-kwargs", type=json.loads, default=None,
                        help='JSON sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\'')
     group = parser.add_argument_group("shared-system")

@@ -116,3 +116,10 @@ def test_stream_errors():
     mid_stream = sse({"error": {"message": "engine failed", "code": 500}})
     assert "engine failed" in asyncio.run(server(FakeResponse(200, mid_stream)).complete([1, 2], 1))["error"]
     assert asyncio.run(server(FakeResponse(200, sse({"choices": []}))).complete([1], 1)) == {"error": "no output"}
+
+
+def test_chunk_token_ids_from_return_tokens_as_token_ids():
+    chunk = {"choices": [{"text": "ab", "logprobs": {"tokens": ["token_id:17", "token_id:4"]}}]}
+    assert bench.chunk_token_ids(chunk) == [17, 4]
+    assert bench.chunk_token_ids({"choices": [{"text": "a", "logprobs": None}]}) == []
+    assert bench.chunk_token_ids({"choices": [], "usage": {}}) == []

@@ -22,6 +22,7 @@ from hybrid_jax.layers.projections import FewRowProjections, ShardedProjections
 from hybrid_jax.sharding import TP, expand_kv_heads, linear_splits
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
+from pallas_kernels.gdn_decode.reference import ring_of_window, store_snapshots
 from pallas_kernels.gemv import padded_rows
 from pallas_kernels.math.gdn import conv_ring_columns
 from pallas_kernels.math.rope import rope_cos_sin
@@ -49,6 +50,8 @@ class PagedKernels:
         self.gdn_chunk_snapshots = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE, WHOLE,
                                                     STATE), (HEADS3, STATE, STATE))
         self.gdn_decode = wrap(gdn_decode, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, STATE), (HEADS3, STATE))
+        self.gdn_decode_snapshots = wrap(gdn_decode, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, STATE, WHOLE,
+                                                      STATE), (HEADS3, STATE, STATE))
         self.write_kv = wrap(write_kv, (KV_PAGES, KV_PAGES, HEADS3, HEADS3, WHOLE), (KV_PAGES, KV_PAGES))
         self.decode_attention = wrap(paged_decode_attention, (HEADS3, KV_PAGES, KV_PAGES, WHOLE, WHOLE), HEADS3)
         self.prefill_attention = wrap(paged_prefill_attention, (HEADS3, KV_PAGES, KV_PAGES, WHOLE, WHOLE, WHOLE),
@@ -227,14 +230,19 @@ class PrefillCache(_Paged):
 
 
 class DecodeCache(_Paged):
-    """One new token for each of B rows (padding rows: slot 0, page 0, context 0); attention and GDN unfused."""
+    """One new token for each of B rows (padding rows: slot 0, page 0, context 0); attention and GDN unfused.
+    With ``snapshots`` (the snapshot pool's layers) and ``snapshot_ids`` [B] (0: none), each GDN layer also
+    writes a row's ring and state after its token at its snapshot into ``updated_snapshots``."""
 
-    def __init__(self, layers, kernels, proj, *, page_size: int, positions, slot_ids, page_tables):
+    def __init__(self, layers, kernels, proj, *, page_size: int, positions, slot_ids, page_tables,
+                 snapshots: list[dict] | None = None, snapshot_ids=None):
         real = slot_ids > 0
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, jnp.arange(positions.shape[0]), positions, real, page_size))
         self.positions = positions  # [B]
         self.context_lens = jnp.where(real, positions + 1, 0)
+        self.snapshots, self.snapshot_ids = snapshots, snapshot_ids
+        self.updated_snapshots = None if snapshots is None else list(snapshots)
 
     def attend(self, q, k_pages, v_pages, scale):
         return self.kernels.decode_attention(q, k_pages, v_pages, self.page_tables, self.context_lens, scale=scale)
@@ -249,7 +257,15 @@ class DecodeCache(_Paged):
         conv = jnp.einsum("bkc,kc->bc", window, gdn.conv1d.weight[...].astype(F32))  # [B, C]
         q, k, v = gdn.heads(conv)
         g, beta = gdn.gates(b, a)
-        o, state_pool = self.kernels.gdn_decode(q, k, v, g, beta, self.slot_ids, pool["state"])
+        args = (q, k, v, g, beta, self.slot_ids, pool["state"])
+        if self.snapshots is None:
+            o, state_pool = self.kernels.gdn_decode(*args)
+        else:
+            snap = self.snapshots[index]
+            o, state_pool, snap_state = self.kernels.gdn_decode_snapshots(*args, self.snapshot_ids, snap["state"])
+            raw = jnp.concatenate([cached, mixed[:, None].astype(cached.dtype)], axis=1)  # [B, K, C] as stored
+            snap_conv = store_snapshots(snap["conv"], self.snapshot_ids, ring_of_window(raw, self.positions))
+            self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}
         conv_pool = conv_pool.at[self.slot_ids, self.positions % gdn.kernel].set(mixed.astype(conv_pool.dtype))
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
@@ -258,7 +274,8 @@ class DecodeCache(_Paged):
 class FusedDecodeCache(DecodeCache):
     """Decode on one device: after the projections, one launch for the q/k norms, RoPE and the K/V write, the
     attention, then one for its split combine and the gate written as the output projection's padded rows; GDN
-    in one kernel (conv over the ring, norms, gates, state update). Projections with the norms deferred."""
+    in one kernel (conv over the ring, norms, gates, state update, snapshots). Projections with the norms
+    deferred."""
 
     def attention(self, index, attn, qg, k, v, positions):
         pool = self.layers[index]
@@ -272,9 +289,14 @@ class FusedDecodeCache(DecodeCache):
 
     def linear_attention(self, index, gdn, mixed, b, a):
         pool = self.layers[index]
-        o, conv_pool, state_pool = gdn_decode_fused(  # o [rows, Hv, dv], zero past the B
+        snapshot = ()
+        if self.snapshots is not None:
+            snapshot = (self.snapshot_ids, self.snapshots[index]["conv"], self.snapshots[index]["state"])
+        o, conv_pool, state_pool, *snapshot = gdn_decode_fused(  # o [rows, Hv, dv], zero past the B
             mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], self.slot_ids, self.positions,
-            pool["conv"], pool["state"], num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim, head_v_dim=gdn.v_dim,
-            out_rows=mixed.shape[0])
+            pool["conv"], pool["state"], *snapshot, num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
+            head_v_dim=gdn.v_dim, out_rows=mixed.shape[0])
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
+        if snapshot:
+            self.updated_snapshots[index] = {"conv": snapshot[0], "state": snapshot[1]}
         return o

@@ -3,7 +3,7 @@ reads of their samples on the host."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,9 @@ from hybrid_jax.engine.sampler import Sampled
 from hybrid_jax.engine.scheduler import Variant
 from hybrid_jax.engine.steps import DecodeBatch
 
+if TYPE_CHECKING:
+    from hybrid_jax.engine.output_snapshots import PlannedSnapshot
+
 
 class DecodeCall(NamedTuple):
     """A decode call queued on the device whose samples the host has not read yet."""
@@ -22,6 +25,9 @@ class DecodeCall(NamedTuple):
     variant: Variant
     sampled: Sampled  # device arrays with a leading [steps] axis
     next_batch: DecodeBatch  # on the device: the inputs of a call chained after this one (same requests)
+    positions: np.ndarray | None = None  # [len(requests)] each row's input position at the first step (None:
+    # not tracked, a grammar batch's sample)
+    snapshots: list[PlannedSnapshot] | tuple = ()  # the output snapshots its steps write
 
     @property
     def steps(self) -> int:

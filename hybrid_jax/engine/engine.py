@@ -196,9 +196,23 @@ class Engine:
     def launch_decode(self, requests: list[Request], variant: Variant, after: DecodeCall | None = None,
                       first: FirstTokens | None = None) -> DecodeCall | None:
         """Queue one decode call over admitted ``requests`` at their bucket (``after``'s, chained after it),
-        with ``variant`` or a plainer one while it is not built; None when ``after``'s bucket has none built."""
-        choices = self.scheduler.decode_choices(variant, len(requests), after.size if after is not None else None)
-        return self.runner.launch_decode(requests, choices, after=after, first=first)
+        with ``variant`` or a plainer one while it is not built, and the output snapshots its steps write; None
+        when ``after``'s bucket has none built."""
+        s = self.scheduler
+        choice = self.runner.decode_choice(s.decode_choices(variant, len(requests),
+                                                            after.size if after is not None else None))
+        if choice is None:
+            return None
+        variant, size = choice
+        if after is None:
+            positions = s.decode_positions(requests, first.requests if first is not None else ())
+        else:
+            positions = after.positions + after.steps if after.positions is not None else None
+        plan, ids = [], None
+        if s.output_snapshots is not None and positions is not None:
+            plan, ids = s.output_snapshots.plan(requests, positions, variant[1], size)
+        call = self.runner.launch_decode(requests, variant, size, after=after, first=first, snapshot_ids=ids)
+        return call._replace(positions=positions, snapshots=plan)
 
     # What scripts and tests read of the parts.
     pools = property(lambda self: self.runner.pools)
@@ -324,5 +338,10 @@ class Engine:
         self._inflight = runner.launch_sample(pending)
 
     def _deliver(self, call: DecodeCall) -> None:
-        for sampled in self.runner.read(call):
-            self.scheduler.deliver(call.requests, sampled)
+        """Hand out each step's samples, caching first the output blocks whose snapshot that step wrote (their
+        tokens are all out before the step's own sample)."""
+        s = self.scheduler
+        for step, sampled in enumerate(self.runner.read(call)):
+            if planned := [p for p in call.snapshots if p.step == step]:
+                s.output_snapshots.cache(planned)
+            s.deliver(call.requests, sampled)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from hybrid_jax.engine.requests import Request
 from hybrid_jax.engine.sampling_params import SamplingParams
@@ -24,11 +25,12 @@ class Fills:
         self.pending: deque[Request] = deque(maxlen=MAX_PENDING)
         self._last_busy = 0.0  # when the engine last had a request to wait for or run
 
-    def plan(self, r: Request) -> None:
-        """Keep a fill of finished ``r``'s tokens up to their last block boundary when its output crossed one."""
+    def plan(self, r: Request, cached: Callable[[list[int]], bool]) -> None:
+        """Keep a fill of finished ``r``'s tokens up to their last block boundary when its output crossed one that
+        is not ``cached`` yet (decode's snapshots cache most)."""
         tokens, b = r.prompt_ids + r.output_ids, self.block_size
         end = len(tokens) // b * b
-        if end > len(r.prompt_ids) // b * b:
+        if end > len(r.prompt_ids) // b * b and not cached(tokens[:end]):
             self.pending.append(Request(f"{r.request_id}-fill", tokens[:end], SamplingParams(max_tokens=1), 0,
                                         fill=True))
 

@@ -56,7 +56,7 @@ class JittedSteps:
         mesh, pools, snapshots, batch = placement.mesh, placement.pools, placement.snapshots, placement.batch
         step_kw = dict(kernels=PagedKernels(config, mesh), page_size=page_size, valid_vocab=valid_vocab)
         prefill_kw = dict(donate_argnums=(1, 2))  # the pools and the snapshots
-        decode_kw = dict(donate_argnums=(1, 2))  # the pools and the batch
+        decode_kw = dict(donate_argnums=(1, 2, 3))  # the pools, the snapshots and the batch
         restore_kw = mask_kw = dict(donate_argnums=0)
         if mesh is not None:
             # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
@@ -65,8 +65,8 @@ class JittedSteps:
             weight_shardings = tuple(w.sharding for w in weights)
             prefill_kw = dict(prefill_kw, in_shardings=(weight_shardings, pools, snapshots, batch),
                               out_shardings=(batch, pools, snapshots))
-            decode_kw = dict(decode_kw, in_shardings=(weight_shardings, pools, batch),
-                             out_shardings=(batch, batch, pools))
+            decode_kw = dict(decode_kw, in_shardings=(weight_shardings, pools, snapshots, batch, batch),
+                             out_shardings=(batch, batch, pools, snapshots))
             restore_kw = dict(restore_kw, in_shardings=(pools, snapshots, batch, batch), out_shardings=pools)
             mask_kw = dict(mask_kw, in_shardings=(pools, batch, batch), out_shardings=pools)
         self.prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **prefill_kw)
@@ -81,7 +81,7 @@ class JittedSteps:
         # forward runs); none under a mesh, where grammar rows take the whole decode step.
         self.split_decode = None
         if mesh is None:
-            forward = jax.jit(partial(self._run, decode_logits, kernels=step_kw["kernels"], page_size=page_size),
+            forward = jax.jit(partial(self._run_forward, kernels=step_kw["kernels"], page_size=page_size),
                               donate_argnums=1)
             self.split_decode = forward, jax.jit(self._run_sample, donate_argnums=(0, 2))
         self.restore = jax.jit(restore_snapshots, **restore_kw)
@@ -92,14 +92,23 @@ class JittedSteps:
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
         return step(model, *args, **kw)
 
-    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
-        """A decode step whose samples carry a leading [steps] axis, the inputs of the next call over the same
-        requests (`next_batch`) and the pools."""
+    def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, snapshots, batch: DecodeBatch,
+                         snapshot_ids, **kw):
+        """A decode call: samples with a leading [steps] axis, the inputs of the next call over the same requests
+        (`next_batch`), the pools and the snapshots (those snapshot_ids [steps, B] names written; None without
+        a snapshot pool)."""
         batch = with_history(batch)
-        sampled, pools = self._run(step, weights, pools, batch, **kw)
+        if step is decode_step and snapshot_ids is not None:
+            snapshot_ids = snapshot_ids[0]
+        sampled, pools, snapshots = self._run(step, weights, pools, snapshots, batch, snapshot_ids, **kw)
         if sampled.tokens.ndim == 1:
             sampled = jax.tree.map(lambda x: x[None], sampled)
-        return sampled, next_batch(batch, sampled), pools
+        return sampled, next_batch(batch, sampled), pools, snapshots
+
+    def _run_forward(self, weights: tuple[jax.Array, ...], pools, batch: DecodeBatch, **kw):
+        """The decode forward (no snapshots): logits and the pools."""
+        logits, pools, _ = self._run(decode_logits, weights, pools, batch, **kw)
+        return logits, pools
 
     def _run_sample(self, pools, logits: jax.Array, batch: DecodeBatch, masks: jax.Array, masked: jax.Array):
         """`decode_sample` over logits [B, V] with the host's grammar bitmasks masks [B, W] i32 applied in the rows

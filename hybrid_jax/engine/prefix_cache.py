@@ -114,6 +114,11 @@ class PrefixCache:
     def free_snapshots(self, snapshots: list[int]) -> None:
         self.snapshots.free([i for i in snapshots if i])
 
+    def drop_snapshot(self, block: Block) -> None:
+        """Free ``block``'s snapshot (a later one supersedes it); the block stays cached."""
+        self.free_snapshots([block.snapshot])
+        block.snapshot = 0
+
     # -- holding -------------------------------------------------------------------------------------
     def acquire(self, blocks: list[Block]) -> None:
         for block in blocks:
@@ -168,8 +173,7 @@ class PrefixCache:
         if parent != ROOT and parent in self.blocks:
             self.blocks[parent].children.discard(block_id)
         self.pages.free(block.pages)
-        if block.snapshot:
-            self.snapshots.free([block.snapshot])
+        self.drop_snapshot(block)
 
     def reset(self) -> bool:
         """Evict every unused block; True when the cache is empty after (no request holds a block)."""

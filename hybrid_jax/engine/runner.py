@@ -107,9 +107,11 @@ class Runner:
         specs = {}
         for size in reversed(self.config.decode_buckets):
             for (greedy, steps), fn in sorted(self.steps.decode.items()):
+                ids = None if snapshots is None else jax.ShapeDtypeStruct((steps, size), jnp.int32,
+                                                                          sharding=self.placement.batch)
                 specs["decode", greedy, steps, size] = ProgramSpec(
                     f"decode B={size} (greedy only: {greedy}, {steps} steps per call)", fn,
-                    (weights, pools, self.decode_batch([], size)),
+                    (weights, pools, snapshots, self.decode_batch([], size), ids),
                     essential=size == largest_decode and not greedy)
             specs["first_tokens", size] = ProgramSpec(
                 f"first tokens B={size}", self.steps.take_first_tokens,
@@ -212,7 +214,8 @@ class Runner:
                 elif key[0] == "grammar_masks":
                     self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
                 else:
-                    _, *_, self.pools = compiled(self.weights, self.pools, args[2])
+                    ids = None if args[4] is None else np.zeros(args[4].shape, np.int32)
+                    *_, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3], ids)
             jax.block_until_ready(self.pools)
             log.info("start-up: %d programs run once in %.1f s", len(wanted), time.perf_counter() - start)
         self._warm = True
@@ -286,18 +289,23 @@ class Runner:
         self.runs[("prefill", size)] += 1
         return sampled
 
-    def launch_decode(self, requests: list[Request], choices: list[tuple[Variant, int]],
-                      after: DecodeCall | None = None, first: FirstTokens | None = None) -> DecodeCall | None:
-        """Queue one decode call over ``requests`` with the first built of ``choices`` ((variant, bucket), best
-        first); ``after``: the call in flight for the same requests, whose outputs on the device are this call's
-        inputs (the host neither waits for them nor copies anything to the device); ``first``: prefill's unread
-        samples, the last tokens of the requests it names. None (nothing queued) when no choice is built."""
-        choice = next(((v, b, p) for v, b in choices if (p := self.program(("decode", *v, b))) is not None), None)
-        if choice is None:
-            return None
-        variant, size, program = choice
+    def decode_choice(self, choices: list[tuple[Variant, int]]) -> tuple[Variant, int] | None:
+        """The first built of ``choices`` ((variant, bucket), best first); None when none is."""
+        return next(((v, b) for v, b in choices if self.program(("decode", *v, b)) is not None), None)
+
+    def launch_decode(self, requests: list[Request], variant: Variant, size: int, after: DecodeCall | None = None,
+                      first: FirstTokens | None = None, snapshot_ids: np.ndarray | None = None) -> DecodeCall:
+        """Queue one decode call over ``requests`` with the built program of ``variant`` at bucket ``size``;
+        ``after``: the call in flight for the same requests, whose outputs on the device are this call's inputs
+        (the host neither waits for them nor copies them to the device); ``first``: prefill's unread samples, the
+        last tokens of the requests it names; ``snapshot_ids`` [steps, size] i32: the snapshots each step writes
+        (0: none; with a snapshot pool)."""
         batch = after.next_batch if after is not None else self.decode_batch(requests, size, first)
-        sampled, next_batch, self.pools = program(self.weights, self.pools, batch)
+        if self.snapshots is not None and snapshot_ids is None:
+            snapshot_ids = np.zeros((variant[1], size), np.int32)
+        program = self.program(("decode", *variant, size))
+        sampled, next_batch, self.pools, self.snapshots = program(self.weights, self.pools, self.snapshots, batch,
+                                                                  snapshot_ids)
         self.runs[("decode", *variant, size)] += 1
         return DecodeCall(requests, variant, sampled, next_batch)
 

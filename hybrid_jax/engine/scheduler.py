@@ -21,10 +21,12 @@
   where the output is complete), and with "error" on a token its grammar rejects.
 - Finishing: a token ends its request at eos, a stop token or max_tokens; a cancelled request is reaped
   before the next step; either frees its slot and the pages the cache does not own, and drops its blocks.
-- Fills (with the prefix cache): a request that ends at eos, a stop or max_tokens after its output crossed a
-  block boundary leaves a fill: a prefill-only request over its prompt + output up to the last boundary,
-  which caches those blocks with the state at their end (a chat's next turn resumes there); it starts once
-  the engine has idled a moment (`fills`).
+- Output blocks (with the prefix cache): a decode step that crosses a block boundary writes a snapshot there,
+  and the request's blocks up to it are cached once the host has read their tokens (`output_snapshots`), so a
+  chat's next turn resumes after the answer. Where no decode snapshot was taken (a grammar batch, no free
+  snapshot), a request that ends at eos, a stop or max_tokens after its output crossed a block boundary
+  leaves a fill: a prefill-only request over its prompt + output up to the last boundary, which caches those
+  blocks with the state at their end; it starts once the engine has idled a moment (`fills`).
 
 The engine hands the scheduler host copies of the samples; the runner's device work is not seen here.
 """
@@ -39,8 +41,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.fills import DELAY_S, Fills
+from hybrid_jax.engine.output_snapshots import OutputSnapshots
 from hybrid_jax.engine.prefix_cache import GDN_CHUNK, ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
 
@@ -75,6 +80,7 @@ class Scheduler:
         self.decoding: list[Request] = []
         self.prefix = prefix
         self.fills = Fills(prefix.block_size, fill_delay_s) if prefix is not None else None
+        self.output_snapshots = OutputSnapshots(prefix) if prefix is not None else None
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
                          "prefix_cache_queries": 0, "prefix_cache_hits": 0}
 
@@ -202,6 +208,8 @@ class Scheduler:
             self.pages.free(r.pages)
         if r.snapshot_plan:  # planned for a step that it was cancelled or failed after
             self.prefix.free_snapshots([snapshot for _, snapshot in r.snapshot_plan])
+        if self.output_snapshots is not None:
+            self.output_snapshots.finished(r)
         r.slot, r.pages, r.blocks, r.snapshot_plan = 0, [], [], []
         r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
@@ -209,7 +217,7 @@ class Scheduler:
             return
         self.counters["requests_finished"] += 1
         if reason in ("stop", "length") and self.fills is not None:
-            self.fills.plan(r)
+            self.fills.plan(r, self.prefix.cached)
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
         if token is None:
@@ -219,6 +227,8 @@ class Scheduler:
         """End every admitted request with "error" (a step failed)."""
         for r in self.prefilling + self.decoding:
             self.finish(r, None, "error", error=error)
+        if self.output_snapshots is not None:
+            self.output_snapshots.free_outstanding()
 
     def fail_scoring(self, r: Request, error: Exception) -> None:
         """End ``r``, the request being scored, with "error" (its scoring failed)."""
@@ -362,6 +372,13 @@ class Scheduler:
         if not requests:
             return None
         return requests, (greedy, self.steps_per_call(greedy, max(left[id(r)] for r in requests)))
+
+    @staticmethod
+    def decode_positions(requests: list[Request], unread: Sequence[Request] = ()) -> np.ndarray:
+        """Each request's input position in a decode call built on the host (see `unchained`)."""
+        unread_ids = {id(r) for r in unread}
+        return np.array([len(r.prompt_ids) + len(r.output_ids) - 1 + (id(r) in unread_ids) for r in requests],
+                        np.int64)
 
     def steps_per_call(self, greedy: bool, most_left: int) -> int:
         """Decode steps for the next call over requests of which the one with the most left still wants

@@ -1,6 +1,6 @@
-"""The engine's fixed-shape steps over the cache pools: packed chunked prefill (writing the prefix cache's state
-snapshots), batched decode (whole, or as a forward and a sample apart, for grammar masks the host computes
-between the two), and the restore of a snapshot into a slot.
+"""The engine's fixed-shape steps over the cache pools: packed chunked prefill and batched decode (both writing
+the prefix cache's state snapshots where the batch names them; decode whole, or as a forward and a sample
+apart, for grammar masks the host computes between the two), and the restore of a snapshot into a slot.
 
 Both are pure functions of (weights, pools, batch) that the engine jits once per shape bucket with the
 pools donated, so every cache update is in place. Each runs the model's decoder over a cache of
@@ -26,6 +26,7 @@ from hybrid_jax.caches.paged import (
 )
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.model import Qwen35ForCausalLM
+from pallas_kernels.gdn_decode.reference import store_snapshots
 
 F32 = jnp.float32
 
@@ -100,16 +101,24 @@ def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
 
 
 def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels,
-                  page_size: int) -> tuple[jax.Array, dict]:
-    """The model's forward for one token of each row: logits [B, V] f32 and the new pools (caches written)."""
+                  page_size: int, snapshots: dict | None = None,
+                  snapshot_ids: jax.Array | None = None) -> tuple[jax.Array, dict, dict | None]:
+    """The model's forward for one token of each row: logits [B, V] f32, the new pools (caches written) and, with
+    a snapshot pool and snapshot_ids [B] i32 (0: none), the new snapshots: a named row's GDN state after its
+    token and its tokens so far (prompt mask | output counts), as a prefill ending there leaves them."""
     fused = kernels.mesh is None  # under a mesh the KV heads may be copied per shard and the conv channels
     # split by position, not by head: unfused there
     kind = FusedDecodeCache if fused else DecodeCache
     cache = kind(pools["layers"], kernels, kernels.projections(model, defer_norms=fused), page_size=page_size,
-                 positions=batch.positions, slot_ids=batch.slot_ids, page_tables=batch.page_tables)
+                 positions=batch.positions, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
+                 snapshots=None if snapshots is None else snapshots["layers"], snapshot_ids=snapshot_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [B, D]
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
-    return logits, {**pools, "layers": cache.updated}
+    if snapshots is not None:
+        seen = pools["prompt_mask"][batch.slot_ids] | (pools["output_counts"][batch.slot_ids] > 0)  # [B, V]
+        snapshots = {"layers": cache.updated_snapshots,
+                     "prompt_mask": store_snapshots(snapshots["prompt_mask"], snapshot_ids, seen)}
+    return logits, {**pools, "layers": cache.updated}, snapshots
 
 
 def decode_sample(pools: dict, logits: jax.Array, batch: DecodeBatch, grammar_masks: Callable[[], jax.Array], *,
@@ -123,31 +132,35 @@ def decode_sample(pools: dict, logits: jax.Array, batch: DecodeBatch, grammar_ma
     return sampled, {**pools, "output_counts": counts}
 
 
-def decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels, page_size: int,
-                valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
-    """One token for each row, its grammar bitmask read from the pools; returns the samples and the new pools.
-    ``greedy_only``: see `sample`."""
-    logits, pools = decode_logits(model, pools, batch, kernels=kernels, page_size=page_size)
-    return decode_sample(pools, logits, batch, lambda: pools["grammar_mask"][batch.slot_ids],
-                         valid_vocab=valid_vocab, greedy_only=greedy_only)
+def decode_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, batch: DecodeBatch,
+                snapshot_ids: jax.Array | None, *, kernels: PagedKernels, page_size: int, valid_vocab: int,
+                greedy_only: bool = False) -> tuple[Sampled, dict, dict | None]:
+    """One token for each row, its grammar bitmask read from the pools; returns the samples, the new pools and
+    the new snapshots (see `decode_logits`). ``greedy_only``: see `sample`."""
+    logits, pools, snapshots = decode_logits(model, pools, batch, kernels=kernels, page_size=page_size,
+                                             snapshots=snapshots, snapshot_ids=snapshot_ids)
+    sampled, pools = decode_sample(pools, logits, batch, lambda: pools["grammar_mask"][batch.slot_ids],
+                                   valid_vocab=valid_vocab, greedy_only=greedy_only)
+    return sampled, pools, snapshots
 
 
-def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, num_steps: int,
-                      **kw) -> tuple[Sampled, dict]:
-    """``num_steps`` decode steps in one call, each feeding its samples to the next (no host round trip).
+def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, batch: DecodeBatch,
+                      snapshot_ids: jax.Array | None, *, num_steps: int, **kw) -> tuple[Sampled, dict, dict | None]:
+    """``num_steps`` decode steps in one call, each feeding its samples to the next (no host round trip); step i
+    writes the snapshots ``snapshot_ids[i]`` names ([num_steps, B], with a snapshot pool).
 
     Returns samples with a leading [num_steps] axis. Rows that finish early (eos, max_tokens) keep running
     on garbage that the engine discards; positions past their pages map to the null page.
     """
-    def body(carry, _):
-        pools, tokens, positions, step = carry
+    def body(carry, ids):
+        pools, snapshots, tokens, positions, step = carry
         sub = batch._replace(tokens=tokens, positions=positions, rows=batch.rows._replace(step=step))
-        sampled, pools = decode_step(model, pools, sub, **kw)
-        return (pools, sampled.tokens, positions + 1, step + 1), sampled
+        sampled, pools, snapshots = decode_step(model, pools, snapshots, sub, ids, **kw)
+        return (pools, snapshots, sampled.tokens, positions + 1, step + 1), sampled
 
-    carry = (pools, batch.tokens, batch.positions, batch.rows.step)
-    (pools, *_), sampled = jax.lax.scan(body, carry, None, length=num_steps)
-    return sampled, pools
+    carry = (pools, snapshots, batch.tokens, batch.positions, batch.rows.step)
+    (pools, snapshots, *_), sampled = jax.lax.scan(body, carry, snapshot_ids, length=num_steps)
+    return sampled, pools, snapshots
 
 
 def restore_snapshots(pools: dict, snapshots: dict, slot_ids: jax.Array, snapshot_ids: jax.Array) -> dict:

@@ -23,18 +23,22 @@ def gdn_decode(
     beta: jax.Array,  # [B, Hv] fp32
     slot_ids: jax.Array,  # [B] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
+    snapshot_pool: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     impl: Impl = "auto",
     **tuning,
-) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
-    """One recurrent step per row; the state pool is updated in place when the caller donates it."""
+) -> tuple[jax.Array, ...]:  # o [B, Hv, dv] fp32, state_pool[, snapshot_pool]
+    """One recurrent step per row; the state pool is updated in place when the caller donates it. With a
+    snapshot pool (donated too), a row whose snapshot id is > 0 also stores its new state there."""
     reason = gdn_unsupported(q.shape[1], v.shape[1], q.shape[2], v.shape[2], state_pool)
     if reason is None and not all(x.dtype in _DTYPES for x in (q, k, v)):
         reason = f"q/k/v dtypes {q.dtype}/{k.dtype}/{v.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
     if interpret is None:
-        return reference.gdn_decode(q, k, v, g, beta, slot_ids, state_pool)
-    return kernel.gdn_decode(q, k, v, g, beta, slot_ids, state_pool, interpret=interpret, **tuning)
+        return reference.gdn_decode(q, k, v, g, beta, slot_ids, state_pool, snapshot_ids, snapshot_pool)
+    return kernel.gdn_decode(q, k, v, g, beta, slot_ids, state_pool, snapshot_ids, snapshot_pool,
+                             interpret=interpret, **tuning)
 
 
 def gdn_decode_fused(
@@ -48,6 +52,9 @@ def gdn_decode_fused(
     positions: jax.Array,  # [B] int32 position of each row's token
     conv_pool: jax.Array,  # [slots, K, C] raw pre-conv columns, a ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
+    snapshot_conv: jax.Array | None = None,  # [snapshots, K, C] rings
+    snapshot_state: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
@@ -55,10 +62,12 @@ def gdn_decode_fused(
     out_rows: int | None = None,
     impl: Impl = "auto",
     **tuning,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
+) -> tuple[jax.Array, ...]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool[, snapshot_conv, _state]
     """Conv over the ring + SiLU, the token's column into the ring, L2 norms, gates and the state update of the
     GDN decode step, in place on both pools when the caller donates them. o comes with ``out_rows`` rows (>= B,
-    default B), zero past the batch: the padded rows the few-row projections take."""
+    default B), zero past the batch: the padded rows the few-row projections take. With the snapshot ids and
+    pools (donated too) a row whose id is > 0 also stores its ring (the K raw columns up to its token) and new
+    state at that snapshot: the state right after the token, as a prefill ending there leaves it."""
     num_v_heads = a.shape[1]
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     reason = gdn_unsupported(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
@@ -76,6 +85,8 @@ def gdn_decode_fused(
     interpret = kernel_mode("gdn_decode", impl, reason)
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, out_rows=out_rows)
     args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, positions, conv_pool, state_pool)
+    if snapshot_state is not None:
+        args += (snapshot_ids, snapshot_conv, snapshot_state)
     if interpret is None:
         return reference.gdn_decode_fused(*args, **heads)
     return kernel.gdn_decode_fused(*args, **heads, interpret=interpret, **tuning)

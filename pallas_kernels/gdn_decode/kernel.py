@@ -14,6 +14,9 @@ block of dv columns):
     S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q
 
 - `gdn_decode`: grid (row, value head, dv block), key head `h // group` read in place.
+- Snapshots (the prefix cache's): given snapshot ids [B] (0: none) and the snapshot pools, a row with one also
+  stores its new state tile (and, fused, its channels' K ring columns) at that snapshot, in the same
+  program: the state after the row's token, with no second pass over any slot.
 - `gdn_decode_fused`: the same grid, from the raw projections. The conv state is a ring of K raw columns
   per slot (position t at column t mod K), so no column moves: a program reads the K-1 columns before its
   token, and the token's own column, the one ring column nobody reads this step, is written by the program
@@ -57,20 +60,33 @@ def _update_state(
     v: jax.Array,  # [bv] fp32
     g: jax.Array,  # scalar fp32
     beta: jax.Array,  # scalar fp32
+    snapshot=None,  # (id, ref view [dk, bv] fp32 at that id) the new state is also stored to where id > 0
 ) -> jax.Array:  # o [bv] fp32
     """One delta-rule step of a block of state columns."""
     s = state_view[...] * jnp.exp(g)  # [dk, bv]
     delta = beta * (v - jnp.sum(s * k[:, None], axis=0))  # [bv]
     s = s + k[:, None] * delta[None, :]
     state_view[...] = s
+    if snapshot is not None:
+        snapshot_id, snapshot_view = snapshot
+
+        @pl.when(snapshot_id != 0)
+        def _store():
+            snapshot_view[...] = s
+
     return jnp.sum(s * q[:, None], axis=0)
 
 
-def _decode_kernel(
-    slot_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_in_ref, o_ref, state_ref, *, group: int, block_v: int
-):
-    """Program (row b, value head h, dv block): one step of state_pool[slot_ids[b], h, :, block]."""
-    del state_in_ref  # the same buffer as state_ref (aliased)
+def _decode_kernel(slot_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_in_ref, *refs, group: int, block_v: int,
+                   snapshots: bool):
+    """Program (row b, value head h, dv block): one step of state_pool[slot_ids[b], h, :, block] (and its copy
+    into snapshot_pool[snapshot_ids[b]] where that is > 0). refs: [snapshot ids, snapshot pool in,] o, state
+    pool[, snapshot pool]; the pools' inputs are the same buffers as their outputs (aliased)."""
+    del state_in_ref
+    if snapshots:
+        snapshot_ref, _, o_ref, state_ref, snapshot_pool_ref = refs
+    else:
+        o_ref, state_ref = refs
     b, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hk = h // group
     cols = pl.ds(vb * block_v, block_v)
@@ -78,6 +94,10 @@ def _decode_kernel(
 
     @pl.when(slot != 0)
     def _real_row():
+        snapshot = None
+        if snapshots:
+            snapshot_id = snapshot_ref[b]
+            snapshot = snapshot_id, snapshot_pool_ref.at[snapshot_id, h, :, cols]
         o_ref[b, h, cols] = _update_state(
             state_ref.at[slot, h, :, cols],
             q_ref[b, hk, :].astype(F32),
@@ -85,6 +105,7 @@ def _decode_kernel(
             v_ref[b, h, cols].astype(F32),
             g_ref[b, h].astype(F32),
             beta_ref[b, h].astype(F32),
+            snapshot,
         )
 
     @pl.when(slot == 0)
@@ -115,12 +136,15 @@ def gdn_decode(
     beta: jax.Array,  # [B, Hv] fp32
     slot_ids: jax.Array,  # [B] int32
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
+    snapshot_pool: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     block_v: int | None = None,
     num_warps: int | None = None,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array]:  # o [B, Hv, dv] fp32, state_pool
-    """One decode step per row, in place on the (donated) state pool.
+) -> tuple[jax.Array, ...]:  # o [B, Hv, dv] fp32, state_pool[, snapshot_pool]
+    """One decode step per row, in place on the (donated) state pool; with ``snapshot_ids`` and
+    ``snapshot_pool`` (donated too) a row's new state is also stored at its snapshot.
 
     block_v: dv columns per program (power of two dividing dv); None: enough programs to fill the GPU
     (`tiles.DECODE`, whose warps a None ``num_warps`` takes).
@@ -130,17 +154,20 @@ def gdn_decode(
     tiles = DECODE.get((num_v_heads, dk, dv), num_warps=num_warps)
     block_v = pick_block_v(batch * num_v_heads, dv, tiles) if block_v is None else block_v
     _check_block_v(block_v, dv)
+    snapshots = snapshot_pool is not None
+    out_shape = (jax.ShapeDtypeStruct(v.shape, F32), jax.ShapeDtypeStruct(state_pool.shape, F32))
+    extra = (snapshot_ids.astype(jnp.int32), snapshot_pool) if snapshots else ()
     return pl.pallas_call(
-        functools.partial(_decode_kernel, group=num_v_heads // num_k_heads, block_v=block_v),
-        out_shape=(jax.ShapeDtypeStruct(v.shape, F32), jax.ShapeDtypeStruct(state_pool.shape, F32)),
+        functools.partial(_decode_kernel, group=num_v_heads // num_k_heads, block_v=block_v, snapshots=snapshots),
+        out_shape=out_shape + ((jax.ShapeDtypeStruct(snapshot_pool.shape, F32),) if snapshots else ()),
         grid=(batch, num_v_heads, dv // block_v),
-        in_specs=[pl.no_block_spec] * 7,
-        out_specs=(pl.no_block_spec, pl.no_block_spec),
-        input_output_aliases={6: 1},
+        in_specs=[pl.no_block_spec] * (7 + len(extra)),
+        out_specs=(pl.no_block_spec,) * (len(out_shape) + snapshots),
+        input_output_aliases={6: 1, 8: 2} if snapshots else {6: 1},
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         name="gdn_decode",
-    )(slot_ids.astype(jnp.int32), q, k, v, g, beta, state_pool)
+    )(slot_ids.astype(jnp.int32), q, k, v, g, beta, state_pool, *extra)
 
 
 def _fused_kernel(
@@ -154,17 +181,21 @@ def _fused_kernel(
     dt_bias_ref,
     conv_in_ref,
     state_in_ref,
-    o_ref,
-    conv_ref,
-    state_ref,
-    *,
+    *refs,
     num_k_heads: int,
     head_k_dim: int,
     block_v: int,
+    snapshots: bool,
 ):
     """Program (row b, value head h, dv block): the conv of its channels, the norms, gates and the state update
-    of one [dk, block_v] tile of h."""
-    del conv_in_ref, state_in_ref  # the same buffers as conv_ref / state_ref (aliased)
+    of one [dk, block_v] tile of h; where the row names a snapshot, its tile and its channels' ring columns
+    stored there too. refs: [snapshot ids, snapshot conv and state pools in,] o, conv pool, state pool[,
+    snapshot conv and state pools]; the pools' inputs are the same buffers as their outputs (aliased)."""
+    del conv_in_ref, state_in_ref
+    if snapshots:
+        snapshot_ref, _, _, o_ref, conv_ref, state_ref, snap_conv_ref, snap_state_ref = refs
+    else:
+        o_ref, conv_ref, state_ref = refs
     b, h, vb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     _, num_v_heads, head_v_dim = o_ref.shape
     group = num_v_heads // num_k_heads
@@ -178,27 +209,40 @@ def _fused_kernel(
     k_ch = pl.ds(key_dim + hk * head_k_dim, head_k_dim)
     v_ch = pl.ds(2 * key_dim + h * head_v_dim + vb * block_v, block_v)
     cols = pl.ds(vb * block_v, block_v)
+    key_head_writer = (vb == 0) & (jax.lax.rem(h, group) == 0)  # one writer of the key head's q and k columns
 
     def conv_silu(ch):  # -> silu(conv) [n] fp32 of the window: K-1 cached raw columns, then the new one
         window = [conv_ref[slot, c, ch].astype(mixed_ref.dtype) for c in cached] + [mixed_ref[b, ch]]
         x = sum(window[j].astype(F32) * w_ref[j, ch].astype(F32) for j in range(width))
         return x * jax.nn.sigmoid(x)
 
+    def store_ring(ring_ref, row, chs, with_cached: bool):  # the token's raw column (and the K-1 before it)
+        for ch in chs:
+            if with_cached:
+                for c in cached:
+                    ring_ref[row, c, ch] = conv_ref[slot, c, ch]
+            ring_ref[row, new, ch] = mixed_ref[b, ch].astype(ring_ref.dtype)
+
     @pl.when(slot != 0)
     def _real_row():
         q = l2_normalize(conv_silu(q_ch)) * head_k_dim**-0.5  # [dk]
         k = l2_normalize(conv_silu(k_ch))  # [dk]
         v = conv_silu(v_ch)  # [bv]
-        conv_ref[slot, new, v_ch] = mixed_ref[b, v_ch].astype(conv_ref.dtype)
+        store_ring(conv_ref, slot, [v_ch], False)
+        pl.when(key_head_writer)(lambda: store_ring(conv_ref, slot, [q_ch, k_ch], False))
+        snapshot = None
+        if snapshots:
+            snapshot_id = snapshot_ref[b]
+            snapshot = snapshot_id, snap_state_ref.at[snapshot_id, h, :, cols]
 
-        @pl.when((vb == 0) & (jax.lax.rem(h, group) == 0))  # one writer of the key head's q and k columns
-        def _():
-            conv_ref[slot, new, q_ch] = mixed_ref[b, q_ch].astype(conv_ref.dtype)
-            conv_ref[slot, new, k_ch] = mixed_ref[b, k_ch].astype(conv_ref.dtype)
+            @pl.when(snapshot_id != 0)
+            def _ring_snapshot():
+                store_ring(snap_conv_ref, snapshot_id, [v_ch], True)
+                pl.when(key_head_writer)(lambda: store_ring(snap_conv_ref, snapshot_id, [q_ch, k_ch], True))
 
         g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
         beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
-        o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, v, g, beta)
+        o_ref[b, h, cols] = _update_state(state_ref.at[slot, h, :, cols], q, k, v, g, beta, snapshot)
 
     @pl.when(slot == 0)
     def _padding_row():
@@ -226,6 +270,9 @@ def gdn_decode_fused(
     positions: jax.Array,  # [B] int32
     conv_pool: jax.Array,  # [slots, K, C] ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
+    snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
+    snapshot_conv: jax.Array | None = None,  # [snapshots, K, C] rings
+    snapshot_state: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
@@ -234,9 +281,10 @@ def gdn_decode_fused(
     block_v: int | None = None,
     num_warps: int | None = None,
     interpret: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool
+) -> tuple[jax.Array, ...]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool[, snapshot_conv, _state]
     """The GDN decode step from the raw projections, in place on both (donated) pools. o has ``out_rows`` rows
-    (>= B; default B), zero past the batch, as the few-row projections downstream take them.
+    (>= B; default B), zero past the batch, as the few-row projections downstream take them. With the
+    snapshot ids and pools (donated too) a row's new ring and state are also stored at its snapshot.
 
     block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
     fill the GPU for this batch (`tiles.FUSED`, whose warps a None ``num_warps`` takes).
@@ -248,20 +296,21 @@ def gdn_decode_fused(
     if block_v is None:
         block_v = pick_block_v(batch * num_v_heads, head_v_dim, tiles)
     _check_block_v(block_v, head_v_dim)
-    kernel = functools.partial(_fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v)
+    snapshots = snapshot_state is not None
+    kernel = functools.partial(_fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v,
+                               snapshots=snapshots)
+    pools = (conv_pool, state_pool) + ((snapshot_conv, snapshot_state) if snapshots else ())
+    extra = (snapshot_ids.astype(jnp.int32), snapshot_conv, snapshot_state) if snapshots else ()
     return pl.pallas_call(
         kernel,
-        out_shape=(
-            jax.ShapeDtypeStruct((out_rows, num_v_heads, head_v_dim), F32),
-            jax.ShapeDtypeStruct(conv_pool.shape, conv_pool.dtype),
-            jax.ShapeDtypeStruct(state_pool.shape, F32),
-        ),
+        out_shape=(jax.ShapeDtypeStruct((out_rows, num_v_heads, head_v_dim), F32),
+                   *(jax.ShapeDtypeStruct(p.shape, p.dtype) for p in pools)),
         grid=(batch, num_v_heads, head_v_dim // block_v),
-        in_specs=[pl.no_block_spec] * 10,
-        out_specs=(pl.no_block_spec,) * 3,
-        input_output_aliases={8: 1, 9: 2},
+        in_specs=[pl.no_block_spec] * (10 + len(extra)),
+        out_specs=(pl.no_block_spec,) * (1 + len(pools)),
+        input_output_aliases={8: 1, 9: 2, 11: 3, 12: 4} if snapshots else {8: 1, 9: 2},
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=1),
         name="gdn_decode_fused",
     )(slot_ids.astype(jnp.int32), positions.astype(jnp.int32), mixed_qkv, a, b, conv_weight, A_log, dt_bias,
-      conv_pool, state_pool)
+      conv_pool, state_pool, *extra)

@@ -6,6 +6,7 @@
 # SERVER_FLAGS adds server flags (e.g. --no-background-compile). COLD=1 first starts once with an empty cache ($CACHE, default $OUT/cache_SIZE) and stops it once every
 # program is built, so the benchmarked start is a warm one; both starts' times go to $OUT/ready_SIZE.json.
 # READY_TIMEOUT (s, default 300) bounds the wait for /health; ALL_TIMEOUT (s, default 400) the wait for every program.
+# PREFIX_ARGS="..." first runs scripts/bench_prefix.py with those flags against the same server ($OUT/prefix_SIZE.json).
 # C120=1 (with MAX_MODEL_LEN >= 4224) adds 120 concurrent 4096-token prompts against the same server; HF=0 skips
 # the baseline (a c=1 check: HF=0 OUT=out bash scripts/gpu/serve_bench.sh 9b --concurrency 1 --num-prompts 8).
 set -u
@@ -47,6 +48,10 @@ if [ -n "${COLD:-}" ]; then
   stop_server
 fi
 start_server "$([ -n "${COLD:-}" ] && echo warm || echo start)"
+if [ -n "${PREFIX_ARGS:-}" ]; then
+  python3 scripts/bench_prefix.py --base-url "http://127.0.0.1:$PORT" $PREFIX_ARGS --out "$OUT/prefix_$SIZE.json" \
+    | tee "$OUT/prefix_$SIZE.log"
+fi
 python3 scripts/bench_serving.py --base-url "http://127.0.0.1:$PORT" --model "qwen3.5-$SIZE" \
   --out "$OUT/serving_$SIZE.json" "$@" | tee "$OUT/serving_$SIZE.log"
 if [ -n "${C120:-}" ]; then

@@ -146,21 +146,39 @@ def test_reset_empties_the_cache(model):
 
 
 def test_hits_under_tensor_parallelism(reference):
+    """Prompt hits and a chat turn on the answer's decode snapshot (the unfused decode's), on two fake devices:
+    the tokens of one device, and the same outputs as the cache off at tp=2."""
     model = hybrid_jax.load_pretrained(GOLDEN, "float32")  # sharded in place by the engine: not the shared one
+    answer = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+    def chat(engine):
+        if engine.scheduler.fills is not None:
+            engine.scheduler.fills.delay_s = 1e9  # the hit must come from decode
+        try:
+            first = [e.token_id for e in engine.submit(BASE[:100], answer)]
+            handle = engine.submit(BASE[:100] + first + OTHER[:30], GREEDY)
+            return result(handle), handle.num_cached_tokens
+        finally:
+            engine.shutdown()
     out, cached = serve(make_engine(model, tensor_parallel_size=2, snapshot_stride=1), PROMPTS[:4])
     assert cached == [0, 64, 64, 128]
     assert [tokens for tokens, _ in out] == [tokens for tokens, _ in reference[:4]]
+    turn, turn_cached = chat(make_engine(model, tensor_parallel_size=2, snapshot_stride=1))
+    assert turn_cached == 128
     off, _ = serve(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False), PROMPTS[:4])
     assert out == off
+    assert_close([turn], [chat(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False))[0]])
 
 
-def test_a_chat_turn_resumes_after_the_previous_answer(model):
-    """Turn two (turn one's prompt + answer + new tokens) hits the answer's last block boundary, cached by the fill
-    turn one left while the engine idled; its tokens and logprobs are the cache off's."""
-    answer = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+def test_a_chat_turn_resumes_after_the_previous_answer_by_a_fill(model):
+    """An answer whose last block ends on its last token (no decode step runs after it, so none snapshots it):
+    turn two hits that boundary once the fill turn one left has run while the engine idled; its tokens and
+    logprobs are the cache off's."""
+    answer = SamplingParams(max_tokens=28, temperature=0, ignore_eos=True)  # 100 + 28 = 128 tokens
     engine = make_engine(model, snapshot_stride=4)
     try:
         first = [e.token_id for e in engine.submit(BASE[:100], answer)]
+        assert engine.stats()["prefix_blocks"] == 1  # the prompt's block; the answer's waits for the fill
         deadline = time.monotonic() + 30
         while engine.stats()["prefix_blocks"] < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -171,3 +189,43 @@ def test_a_chat_turn_resumes_after_the_previous_answer(model):
     finally:
         engine.shutdown()
     assert_close([out], serve(make_engine(model, enable_prefix_caching=False), [turn])[0])
+
+
+def test_chat_turns_sent_at_once_resume_after_the_previous_answers(model):
+    """Decode's snapshots: two chats decoding side by side (several steps a call), each next turn sent as soon as
+    the answer ends with no fill allowed to run, hit the answers' last block boundaries; tokens and logprobs are
+    the cache off's."""
+    answer = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    engine = make_engine(model, snapshot_stride=4, decode_steps=4)
+    engine.scheduler.fills.delay_s = 1e9  # never idle long enough
+    try:
+        prompts = [BASE[:100], OTHER[:90]]
+        answers = [[e.token_id for e in h] for h in [engine.submit(p, answer) for p in prompts]]
+        turns = [p + a + extra for p, a, extra in zip(prompts, answers, [OTHER[:30], BASE[:20]], strict=True)]
+        handles = [engine.submit(t, GREEDY) for t in turns]
+        out = [result(h) for h in handles]
+        assert [h.num_cached_tokens for h in handles] == [128, 128]
+    finally:
+        engine.shutdown()
+    assert_close(out, serve(make_engine(model, enable_prefix_caching=False), turns)[0])
+
+
+def test_a_long_answer_keeps_its_stride_snapshots_and_its_latest(model):
+    """Every output boundary is snapshotted; a superseded one is freed unless the stride keeps it: an answer
+    crossing 64, 128, 192 and 256 with stride 2 leaves the snapshots at 128 and 256, and a prompt sharing its
+    first 200 tokens resumes at 128."""
+    engine = make_engine(model, snapshot_stride=2, decode_steps=4)
+    engine.scheduler.fills.delay_s = 1e9
+    try:
+        long = [e.token_id for e in engine.submit(BASE[:10], SamplingParams(max_tokens=250, temperature=0,
+                                                                               ignore_eos=True))]
+        assert engine.stats()["snapshots_used"] == 2
+        tokens = BASE[:10] + long
+        handle = engine.submit(tokens[:200] + [3, 4], GREEDY)
+        result(handle)
+        assert handle.num_cached_tokens == 128
+        handle = engine.submit(tokens[:258], GREEDY)
+        result(handle)
+        assert handle.num_cached_tokens == 256
+    finally:
+        engine.shutdown()

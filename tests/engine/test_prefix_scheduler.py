@@ -28,8 +28,9 @@ def request(name: str, prompt: list[int], max_tokens: int = 4) -> Request:
 
 
 def step(s: Scheduler) -> tuple[list, list]:
-    """One loop turn without a device: admission, one prefill step, one token for each decoding request.
-    Returns the (slot, snapshot) restores and the (boundary, snapshot) plans of the step's chunks."""
+    """One loop turn without a device: admission, one prefill step, one decode step (its output snapshots planned,
+    then cached before its tokens are emitted). Returns the (slot, snapshot) restores and the (boundary,
+    snapshot) plans of the step's chunks and of the decode step."""
     restores = s.admit()
     plans = []
     chunks = s.prefill_chunks()
@@ -39,9 +40,12 @@ def step(s: Scheduler) -> tuple[list, list]:
         s.cache_prefilled(chunks)
         for r in done:
             s.emit(r, 7, -0.5, None)
-    for r in [r for r in s.decoding if r not in [c for c, _ in chunks]]:
+    decoding = [r for r in s.decoding if r not in [c for c, _ in chunks]]
+    planned, _ = s.output_snapshots.plan(decoding, s.decode_positions(decoding), 1, max(len(decoding), 1))
+    s.output_snapshots.cache(planned)
+    for r in decoding:
         s.emit(r, 7, -0.5, None)
-    return restores, plans
+    return restores, plans + [(p.boundary, p.snapshot) for p in planned]
 
 
 def run(s: Scheduler, *requests: Request) -> None:
@@ -185,7 +189,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         base = rng.choice(bases)
         n = rng.randrange(1, 300)
         tail = [rng.randrange(500) for _ in range(rng.randrange(0, 40))]
-        pending.append(request(f"r{i}", base[:n] + tail, max_tokens=rng.randrange(1, 12)))
+        pending.append(request(f"r{i}", base[:n] + tail, max_tokens=rng.randrange(1, 48)))
     while pending or not s.idle:
         for _ in range(rng.randrange(0, 3)):
             if pending:
@@ -208,6 +212,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
             assert block.refs == sum(block in r.blocks for r in held.values())
         assert all(snapshot for _, snapshot in restores + plans)
     assert s.counters["prefix_cache_hits"] > 0
+    assert any(b.key[1][-1] == 7 for b in s.prefix.blocks.values())  # blocks ending in output were cached
     assert s.pages.num_used == sum(len(b.pages) for b in s.prefix.blocks.values())
     assert s.reset_prefix_cache()
     assert s.pages.num_used == 0 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 0
@@ -220,11 +225,12 @@ def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():
 
 
 def test_a_finished_request_leaves_a_fill_of_its_output_run_once_the_engine_idles():
-    """A request whose output crossed a block boundary leaves a prefill-only fill of its tokens up to the last one
-    (prompt + output: a chat's next turn resumes there); it waits while anything else runs, samples nothing and
-    counts in no request metric."""
+    """A request whose output crossed a block boundary that no decode step snapshotted (here: its last token ends
+    the block, and no step runs after it) leaves a prefill-only fill of its tokens up to there (prompt + output: a
+    chat's next turn resumes there); it waits while anything else runs, samples nothing and counts in no request
+    metric."""
     s = make(stride=4)
-    a, c = request("a", prompt(100), max_tokens=40), request("c", prompt(30, seed=1), max_tokens=60)
+    a, c = request("a", prompt(100), max_tokens=28), request("c", prompt(30, seed=1), max_tokens=60)
     for r in (a, c):
         s.put(r)
     s.take_arrivals(block=False)
@@ -246,7 +252,44 @@ def test_a_finished_request_leaves_a_fill_of_its_output_run_once_the_engine_idle
 
 def test_a_fill_waits_for_the_engine_to_idle_a_moment():
     s = make(stride=4, fill_delay_s=30.0)
-    a = request("a", prompt(100), max_tokens=40)
+    a = request("a", prompt(100), max_tokens=28)
     run(s, a)
     step(s)
     assert len(s.fills.pending) == 1 and 29 < s.fills.wait() <= 30 and not s.prefilling
+
+
+def test_output_blocks_are_cached_at_the_boundaries_decode_crosses():
+    """A decode step crossing a block boundary has a snapshot planned there; once its tokens are out, the blocks up
+    to it are cached with it (the request's earlier output snapshot freed unless the stride keeps it), and a
+    prompt continuing the answer hits there."""
+    s = make(snapshots=8, stride=4)
+    r = request("r", prompt(100), max_tokens=100)
+    run(s, r)
+    tokens = r.prompt_ids + r.output_ids  # 200 tokens: output boundaries 128 and 192
+    assert s.prefix.cached(tokens[:192]) and not s.prefix.cached(tokens[:128])  # 128 superseded by 192
+    assert s.prefix.snapshots.num_used == 2  # the prompt's last boundary (64) and 192
+    assert [len(b.pages) * 16 for b in [s.prefix.hit(tokens[:192] + [1])[-1]]] == [64]
+    assert len(s.prefix.hit(tokens[:192] + [1])) == 3
+
+
+def test_a_planned_output_snapshot_whose_tokens_never_come_is_freed():
+    """Planned for a step whose request ends (or is cancelled) before the host reads it, or whose call fails:
+    the reserved snapshot goes back."""
+    s = make(snapshots=4)
+    r = request("r", prompt(60), max_tokens=20)
+    s.put(r)
+    s.take_arrivals(block=False)
+    while len(r.output_ids) < 3:
+        step(s)
+    planned, ids = s.output_snapshots.plan([r], s.decode_positions([r]) + 1, 4, 2)  # crosses 64 at its step 0
+    assert [p.boundary for p in planned] == [64] and ids[0, 0] == planned[0].snapshot
+    used = s.prefix.snapshots.num_used
+    s.cancel(r)
+    s.reap_cancelled()
+    s.output_snapshots.cache(planned)
+    assert s.prefix.snapshots.num_used == used - 1
+    r2 = request("r2", prompt(60, seed=1), max_tokens=20)
+    run(s, r2)
+    planned, _ = s.output_snapshots.plan([r2], [62], 1, 1)
+    s.fail_running(RuntimeError("step failed"))
+    assert s.prefix.snapshots.num_used == sum(1 for b in s.prefix.blocks.values() if b.snapshot)

@@ -200,6 +200,62 @@ def test_fused_kernel(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tunin
     _assert_padding_skipped(o, [(conv, args[-2]), (state, args[-1])], step.num_real)
 
 
+def _snapshot_args(step: Step, conv_pool=None, num_snapshots: int = 6):
+    """Snapshot ids [B] (rows 0 and 2 name snapshots 4 and 1; the rest, padding included, none) and random
+    snapshot pools shaped as the slot pools."""
+    ids = np.zeros(len(step.slots), np.int32)
+    ids[[0, 2]] = [4, 1]
+    state = jnp.asarray(step.normal(num_snapshots, *step.state_pool.shape[1:]))
+    if conv_pool is None:
+        return jnp.asarray(ids), state
+    conv = jnp.asarray(step.normal(num_snapshots, *conv_pool.shape[1:]), conv_pool.dtype)
+    return jnp.asarray(ids), conv, state
+
+
+def _check_snapshots(step: Step, ids, got_pools, original_pools, slot_pools):
+    """Each named snapshot holds its row's slot as the step left it (bit for bit); the others are unchanged."""
+    ids = np.asarray(ids)
+    named = ids[ids > 0]
+    for got, original, slots in zip(got_pools, original_pools, slot_pools, strict=True):
+        got, original, slots = (np.asarray(x, np.float32) for x in (got, original, slots))
+        np.testing.assert_array_equal(got[named], slots[step.slots[ids > 0]])
+        keep = np.ones(got.shape[0], bool)
+        keep[named] = False
+        np.testing.assert_array_equal(got[keep], original[keep])
+
+
+@pytest.mark.parametrize("impl", [*IMPLS, "reference"])
+@pytest.mark.parametrize(("seed", "num_k_heads", "num_v_heads", "dk", "dv", "dtype", "tuning"), CASES, ids=IDS)
+def test_decode_snapshots(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuning):
+    """With snapshot ids: the same output and slots as without (to fp32 rounding), and each named snapshot gets
+    its row's new state."""
+    step = Step(seed, 4, 3, num_k_heads, num_v_heads, dk, dv, dtype)
+    ids, snapshots = _snapshot_args(step)
+    tuning = tuning if impl != "reference" else {}
+    o_want, pool_want = gd.gdn_decode(*step.args(), impl=impl, **tuning)
+    o, pool, snap = gd.gdn_decode(*step.args(), ids, snapshots, impl=impl, **tuning)
+    _assert_close(o[:4], o_want[:4])
+    _assert_close(pool[1:], pool_want[1:])
+    _check_snapshots(step, ids, [snap], [snapshots], [pool])
+
+
+@pytest.mark.parametrize("impl", [*IMPLS, "reference"])
+@pytest.mark.parametrize(("seed", "num_k_heads", "num_v_heads", "dk", "dv", "dtype", "tuning"), CASES, ids=IDS)
+def test_fused_snapshots(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tuning):
+    """The fused step with snapshot ids: the same output and slots as without, and each named snapshot gets its
+    row's ring (the K columns up to its token, as the slot's ring after the step) and new state, bit for bit."""
+    step = Step(seed, 4, 3, num_k_heads, num_v_heads, dk, dv, dtype)
+    args = step.fused_args()
+    extra = _snapshot_args(step, args[-2])
+    tuning = tuning if impl != "reference" else {}
+    want = gd.gdn_decode_fused(*args, **step.head_kwargs(), impl=impl, **tuning)
+    o, conv, state, snap_conv, snap_state = gd.gdn_decode_fused(*args, *extra, **step.head_kwargs(), impl=impl,
+                                                                **tuning)
+    for got, w in zip((o[:4], conv[1:], state[1:]), (want[0][:4], want[1][1:], want[2][1:]), strict=True):
+        _assert_close(got, w)
+    _check_snapshots(step, extra[0], [snap_conv, snap_state], extra[1:], [conv, state])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fused_kernel_ignores_projection_rows_past_the_batch(impl):
     """The engine hands over its projections padded to the few-row kernel's rows: those past the batch (random
