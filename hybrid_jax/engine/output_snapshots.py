@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hybrid_jax.engine.prefix_cache import ROOT, Block, PrefixCache
+from hybrid_jax.engine.prefix_cache import DECODE_SNAPSHOTS, ROOT, Block, PrefixCache
 from hybrid_jax.engine.requests import Request
 
 
@@ -36,7 +36,8 @@ class OutputSnapshots:
     def plan(self, requests: list[Request], positions: np.ndarray, steps: int,
              size: int) -> tuple[list[PlannedSnapshot], np.ndarray]:
         """The snapshots of a decode call over ``requests`` (row i's first step at position ``positions[i]``) and
-        its snapshot ids [steps, size] (0: none); a boundary for which no id can be freed is skipped."""
+        its snapshot ids [steps, size] (0: none); a boundary for which no id can be freed, or past the
+        DECODE_SNAPSHOTS of its step, is skipped (the request's next boundary supersedes it)."""
         ids = np.zeros((steps, size), np.int32)
         plan, b = [], self.prefix.block_size
         for i, r in enumerate(requests):
@@ -44,8 +45,9 @@ class OutputSnapshots:
                 continue
             first = int(positions[i]) + 1  # tokens in the cache after the call's first step
             for boundary in range(-(-first // b) * b, min(first + steps, r.total_len + 1), b):
-                if boundary > len(r.prompt_ids) and (snapshot := self.prefix.reserve_snapshot()):
-                    step = boundary - first
+                step = boundary - first
+                if boundary > len(r.prompt_ids) and np.count_nonzero(ids[step]) < DECODE_SNAPSHOTS and (
+                        snapshot := self.prefix.reserve_snapshot()):
                     ids[step, i] = snapshot
                     plan.append(PlannedSnapshot(step, r, boundary, snapshot))
                     self.outstanding.add(snapshot)

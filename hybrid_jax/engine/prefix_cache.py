@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 ROOT = 0  # the parent id of a prompt's first block
 GDN_CHUNK = 64  # tokens of the prefill kernel's chunks: a step writes GDN states only where one ends
+DECODE_SNAPSHOTS = 4  # output snapshots a decode step writes at most (its prompt-mask copy is this many rows)
 
 
 @dataclass

@@ -24,9 +24,9 @@ from hybrid_jax.caches.paged import (
     reset_rows,
     snapshot_entries,
 )
+from hybrid_jax.engine.prefix_cache import DECODE_SNAPSHOTS
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
 from hybrid_jax.model import Qwen35ForCausalLM
-from pallas_kernels.gdn_decode.reference import store_snapshots
 
 F32 = jnp.float32
 
@@ -115,9 +115,15 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [B, D]
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     if snapshots is not None:
-        seen = pools["prompt_mask"][batch.slot_ids] | (pools["output_counts"][batch.slot_ids] > 0)  # [B, V]
-        snapshots = {"layers": cache.updated_snapshots,
-                     "prompt_mask": store_snapshots(snapshots["prompt_mask"], snapshot_ids, seen)}
+        # The rows naming a snapshot (at most DECODE_SNAPSHOTS: the planner's bound), so that the [rows, V] masks
+        # read and written stay a few rows whatever the batch.
+        (rows,) = jnp.nonzero(snapshot_ids > 0, size=DECODE_SNAPSHOTS, fill_value=0)  # [M]
+        slots = batch.slot_ids[rows]
+        seen = pools["prompt_mask"][slots] | (pools["output_counts"][slots] > 0)  # [M, V]
+        masks = snapshots["prompt_mask"]
+        for ids, mask in zip(snapshot_ids[rows], seen, strict=True):  # id 0 (none): the null snapshot's garbage
+            masks = jax.lax.dynamic_update_slice(masks, mask[None], (ids, 0))  # in place, one row each
+        snapshots = {"layers": cache.updated_snapshots, "prompt_mask": masks}
     return logits, {**pools, "layers": cache.updated}, snapshots
 
 
