@@ -52,7 +52,8 @@ def _problem(value: Any, depth: int = 1) -> str | None:
             if depth > MAX_DEPTH:
                 return f"is nested more than {MAX_DEPTH} levels deep"
             children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+            # Only what can hold text or nest (a 16K-token prompt is 16K numbers: none pushed).
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (str, list, dict)))
             if isinstance(item, dict):
                 stack.extend((key, depth) for key in item)
     return None
