@@ -47,12 +47,11 @@ class ScoreOutput:
 
 
 class ModelSource(NamedTuple):
-    """What ``LLM(model)`` names: the model's shapes now, its weights and tokenizer when their loaders are
-    called."""
+    """What ``LLM(model)`` names: the model's shapes now, its weights when ``load()`` is called."""
 
     abstract: Qwen35ForCausalLM  # shape-only parameters
     load: Callable[[], Qwen35ForCausalLM]
-    load_tokenizer: Callable[[], Tokenizer]
+    tokenizer: Tokenizer
     name: str
 
 
@@ -61,12 +60,11 @@ def model_source(model: str | None, dtype: str, seed: int = 0) -> ModelSource:
     if model is not None and Path(model).is_dir():
         config = Qwen35Config.from_pretrained(model)
         abstract = abstract_model(config, jnp.dtype(dtype))
-        return ModelSource(abstract, lambda: load_pretrained(model, dtype), partial(load_tokenizer, model),
-                           Path(model).name)
+        return ModelSource(abstract, lambda: load_pretrained(model, dtype), load_tokenizer(model), Path(model).name)
     preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
     config = preset(preset_name)
     return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: random_model(config, dtype, seed),
-                       load_tokenizer, DEFAULT_MODEL_NAME if model is None else f"random-{model}")
+                       load_tokenizer(), DEFAULT_MODEL_NAME if model is None else f"random-{model}")
 
 
 class LLM:
@@ -82,32 +80,31 @@ class LLM:
             enable_compilation_cache(compilation_cache_dir)
         start = time.perf_counter()
         source = model_source(model, dtype, seed)
-        engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
-        # With one device the weights load from here on, beside the tokenizer, the pools and the stored start
-        # programs (each releases the GIL for most of its time). Compiles wait for the weights instead: XLA's
-        # autotuner scratch beside weights still loading fragments device memory (27B ran out of memory at its
-        # first step). Under a mesh the engine shards the loaded weights in place: they load first.
-        early = engine_config.tensor_parallel_size == 1 and warmup
-        start_pool = ThreadPoolExecutor(2, thread_name_prefix="hybrid-jax-start")
-        loading = start_pool.submit(self._load, source) if early else None
-        self.tokenizer, self.model_name = source.load_tokenizer(), source.name
         log.info("start-up: model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
-        tables = start_pool.submit(self.tokenizer.prepare)
+        self.tokenizer, self.model_name = source.tokenizer, source.name
         self.config: Qwen35Config = source.abstract.config
+        engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab, think_token_ids=think_token_ids(self.tokenizer),
                          tokenizer=self.tokenizer,
                          executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+        tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
+        tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
         self.model = self.engine = None
-        if early:
+        if engine_config.tensor_parallel_size == 1 and warmup:
+            # The stored start programs load while the weights do (both release the GIL for most of their time).
+            # Compiles wait for the weights instead: XLA's autotuner scratch beside weights still loading
+            # fragments device memory (27B ran out of memory at its first step).
             abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
-            stored = abstract_engine.load_stored_programs()
-            if stored:
-                abstract_engine.prepare_programs()
-            else:
-                abstract_engine.release()
-            self.model = loading.result()
+            with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
+                loading = pool.submit(self._load, source)
+                stored = abstract_engine.load_stored_programs()
+                if stored:
+                    abstract_engine.prepare_programs()
+                else:
+                    abstract_engine.release()
+                self.model = loading.result()
             if stored:
                 abstract_engine.attach(self.model)
                 self.engine = abstract_engine
@@ -117,7 +114,7 @@ class LLM:
             self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)
         tables.result()
-        start_pool.shutdown()
+        tokenizer_pool.shutdown()
         graphdef, self._score_weights = nnx.split(self.model)
         self._score_fn = jax.jit(partial(_token_logprobs, graphdef))  # compiles per (batch, length) on first use
 
