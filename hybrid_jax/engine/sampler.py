@@ -104,7 +104,8 @@ def filter_logits(logits, rows: SamplingRows):
 
 
 def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, valid_vocab: int, *,
-           greedy_only: bool = False, grammar_masks: Callable[[], jax.Array] | None = None) -> Sampled:
+           greedy_only: bool = False, branch_free: bool = False,
+           grammar_masks: Callable[[], jax.Array] | None = None) -> Sampled:
     """logits [B, V] -> sampled ids and raw logprobs; the top-``MAX_LOGPROBS`` alternatives only when ``want_top``.
 
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
@@ -113,7 +114,10 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     from being queued behind this one (at 0.8B the branches about double a decode call's time back to back:
     docs/DESIGN.md). Otherwise one three-way branch picks the tokens: greedy, random draws, or (some row has
     token constraints) both over the constrained logits; a batch without constraints runs what it ran before
-    they existed. ``grammar_masks`` (see `apply_constraints`) is read in the constrained branch only.
+    they existed. ``branch_free`` (static): no branch at all, every row through the constrained path, the filters
+    and the top logprobs (the same tokens: constraints and filters leave the rows without them unchanged); for
+    few rows (prefill's), where computing everything costs less than the host's wait. ``grammar_masks`` (see
+    `apply_constraints`) is read in the constrained branch only.
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab
@@ -131,10 +135,12 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     random_rows = rows.temperature > 0
 
     def draw(scores):
-        # The full-vocabulary sort behind top-k/top-p/min-p runs only when some row asks for a filter.
-        needs_filter = jnp.any(rows.top_k > 0) | jnp.any(rows.top_p < 1.0) | jnp.any(rows.min_p > 0.0)
+        # Each row filtered only when it asks for top-k/top-p/min-p; the full-vocabulary sort behind them runs only
+        # when some row does (always when branch_free).
+        filters = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)  # [B]
         scaled = scores / jnp.maximum(rows.temperature, 1e-6)[:, None]
-        filtered = jax.lax.cond(needs_filter, lambda: filter_logits(scores, rows), lambda: scaled)
+        some_filtered = lambda: jnp.where(filters[:, None], filter_logits(scores, rows), scaled)
+        filtered = some_filtered() if branch_free else jax.lax.cond(jnp.any(filters), some_filtered, lambda: scaled)
         keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(rows.seed, rows.step)
         drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
         return jnp.where(random_rows, drawn, jnp.argmax(scores, axis=-1)).astype(jnp.int32)
@@ -144,11 +150,14 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
         constrained_logits = apply_constraints(logits, rows, output_counts, grammar_masks)
         return draw(apply_penalties(constrained_logits, rows, output_counts, prompt_mask))
 
-    branch = jnp.where(jnp.any(rows.constraints.constrained), 2, jnp.where(jnp.any(random_rows), 1, 0))
-    tokens = jax.lax.switch(branch, [lambda: greedy_ids.astype(jnp.int32), lambda: draw(penalized), constrained])
+    if branch_free:
+        tokens = constrained()
+    else:
+        branch = jnp.where(jnp.any(rows.constraints.constrained), 2, jnp.where(jnp.any(random_rows), 1, 0))
+        tokens = jax.lax.switch(branch, [lambda: greedy_ids.astype(jnp.int32), lambda: draw(penalized), constrained])
     logprob = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
     short = max(MAX_LOGPROBS - logits.shape[-1], 0)  # tiny test vocabularies
     ranked = jnp.pad(raw_logprobs, ((0, 0), (0, short)), constant_values=-jnp.inf)
-    top_logprobs, top_ids = jax.lax.cond(
-        want_top, lambda _: tuple(jax.lax.top_k(ranked, MAX_LOGPROBS)), lambda _: no_top, None)
+    top = lambda: tuple(jax.lax.top_k(ranked, MAX_LOGPROBS))
+    top_logprobs, top_ids = top() if branch_free else jax.lax.cond(want_top, top, lambda: no_top)
     return Sampled(tokens, logprob, top_ids.astype(jnp.int32), top_logprobs)

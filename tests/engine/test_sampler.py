@@ -92,6 +92,26 @@ def test_greedy_only_variant_matches_the_general_path():
     assert int(jnp.max(fast.tokens)) < 37
 
 
+@pytest.mark.parametrize("constrained", [False, True])
+def test_branch_free_sampling_matches_the_branched_path(constrained):
+    """Greedy, random, filtered and (with ``constrained``) constrained rows in one batch: the same tokens, logprobs
+    and top logprobs as the path with branches, which takes the random (or the constrained) branch here."""
+    n, vocab = 4, 40
+    logits = jax.random.normal(jax.random.key(6), (n, vocab)) * 3
+    requests = [request(), request(), request(), request(allowed_token_ids=[3, 9, 27]) if constrained else request()]
+    settings = rows(n, constraint_rows(requests, n), temperature=[0.0, 1.0, 0.7, 1.0], top_p=[1.0, 1.0, 0.8, 1.0],
+                    top_k=[0, 0, 5, 0], repetition_penalty=[1.0, 1.2, 1.0, 1.0], step=[0, 3, 5, 1])
+    counts = jax.random.randint(jax.random.key(7), (n, vocab), 0, 2)
+    for seed in range(8):
+        settings = settings._replace(seed=jnp.arange(n, dtype=jnp.uint32) + 10 * seed)
+        args = (logits, settings, counts, counts > 0, jnp.bool_(True), 37)
+        branched, free = sample(*args), sample(*args, branch_free=True)
+        for a, b in zip(branched, free, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if constrained:
+            assert int(free.tokens[3]) in (3, 9, 27)
+
+
 def request(output_ids=(), **params):
     r = Request("r", [1], SamplingParams(max_tokens=50, **params), seed=0, output_ids=list(output_ids))
     r.min_tokens_stops = (7,) if r.params.min_tokens else ()
