@@ -35,7 +35,8 @@ def default_llm(settings: Settings):
                decode_steps=settings.decode_steps, decode_sizes=settings.decode_sizes,
                compilation_cache_dir=settings.compilation_cache_dir,
                background_compile=settings.background_compile,
-               enable_prefix_caching=settings.enable_prefix_caching)
+               enable_prefix_caching=settings.enable_prefix_caching,
+               kv_offloading_size=settings.kv_offloading_size)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

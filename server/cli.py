@@ -31,6 +31,9 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
                                  "the cache or compiled) and build the rest in the background (default on)")
     serve_args.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                             help="reuse the KV pages and GDN state of cached prompt prefixes (exact)")
+    serve_args.add_argument("--kv-offloading-size", type=float, default=0.0,
+                            help="GiB of host memory that blocks evicted from the prefix cache move to, and come "
+                                 "back from on a hit (default 0: none)")
     serve_args.add_argument("--request-read-timeout", type=float, default=15.0,
                             help="seconds a request's head and body may take to arrive, else 408 (slow clients)")
     serve_args.add_argument("--allowed-hosts", nargs="+", default=None,
@@ -51,6 +54,8 @@ def _serve(args: argparse.Namespace) -> None:
         raise SystemExit("--default-chat-template-kwargs: must be a JSON object")
     if args.thinking_token_budget is not None and args.thinking_token_budget < 0:
         raise SystemExit("--thinking-token-budget: must be >= 0")
+    if args.kv_offloading_size < 0:
+        raise SystemExit("--kv-offloading-size: must be >= 0")
     try:
         api_key = resolve_api_key(args.api_key)
     except ValueError as e:
@@ -64,6 +69,7 @@ def _serve(args: argparse.Namespace) -> None:
                         compilation_cache_dir=args.compilation_cache_dir or None,
                         background_compile=args.background_compile,
                         enable_prefix_caching=args.enable_prefix_caching,
+                        kv_offloading_size=args.kv_offloading_size,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
                         thinking_token_budget=args.thinking_token_budget,
                         request_read_timeout=args.request_read_timeout,

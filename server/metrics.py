@@ -52,6 +52,11 @@ class _EngineCollector:
                            get("prefix_cache_queries"))
         yield self._family(counter, "vllm:prefix_cache_hits", "Prompt tokens the prefix cache supplied.",
                            get("prefix_cache_hits"))
+        yield self._family(counter, "hybrid_jax:prefix_cache_host_hits",
+                           "Prompt tokens the prefix cache brought back from host memory (part of the hits).",
+                           get("prefix_cache_host_hits"))
+        yield self._family(gauge, "hybrid_jax:prefix_cache_host_bytes_used",
+                           "Host memory the prefix cache's evicted blocks take.", get("host_bytes_used"))
 
 
 class ServerMetrics:

@@ -28,6 +28,7 @@ class Settings:
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
     background_compile: bool = True  # ready once the largest buckets are built; the rest compile after
     enable_prefix_caching: bool = True  # reuse the KV pages and GDN state of cached prompt prefixes
+    kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from the prefix cache
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024

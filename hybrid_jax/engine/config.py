@@ -30,6 +30,7 @@ class EngineConfig:
     snapshot_share: float = 0.1  # share of the KV pool's memory given to state snapshots (device memory known)
     num_snapshots: int | None = None  # state snapshots (incl. the null one); None: from snapshot_share, or
     # 4 * max_batch without a device memory figure (CPU)
+    kv_offloading_size: float = 0.0  # GiB of host memory the prefix cache's evicted blocks move to (0: none)
 
     def __post_init__(self):
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
@@ -39,6 +40,8 @@ class EngineConfig:
         if self.prefix_block % self.page_size or self.prefix_block % 64:
             raise ValueError(f"prefix_block: must be a multiple of page_size={self.page_size} and of the GDN chunk "
                              f"64, got {self.prefix_block}")
+        if self.kv_offloading_size < 0:
+            raise ValueError(f"kv_offloading_size: must be at least 0 GiB, got {self.kv_offloading_size}")
         if self.snapshot_stride < 1:
             raise ValueError(f"snapshot_stride: must be at least 1, got {self.snapshot_stride}")
 

@@ -57,7 +57,7 @@ class Engine:
         prefix = None
         if layout.num_snapshots:
             prefix = PrefixCache(config.prefix_block, layout.page_size, pages, BlockAllocator(layout.num_snapshots),
-                                 config.snapshot_stride)
+                                 config.snapshot_stride, host=self.runner.host_tier)
         log.info("prefix caching: %s", f"on, blocks of {config.prefix_block} tokens, {layout.num_snapshots - 1} "
                  f"state snapshots (every {config.snapshot_stride} blocks)" if prefix is not None else "off")
         self.scheduler = Scheduler(config, BlockAllocator(layout.num_slots), pages, page_size=layout.page_size,

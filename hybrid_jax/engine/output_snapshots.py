@@ -69,10 +69,8 @@ class OutputSnapshots:
                 r.blocks.append(self.prefix.add(parent, tokens, index, r.pages[index * per_block:
                                                                               (index + 1) * per_block])[0])
             block = r.blocks[p.boundary // b - 1]
-            if block.snapshot:
-                self.prefix.free_snapshots([p.snapshot])
+            if not self.prefix.attach_snapshot(block, p.snapshot):
                 continue
-            block.snapshot = p.snapshot
             previous = self.latest.pop(id(r), None)
             if previous is not None:  # superseded: the request's later boundary resumes further
                 self.prefix.drop_snapshot(previous)

@@ -7,7 +7,8 @@ alone. A block owns the KV pages that cover it (read-only while cached: a reques
 past the blocks it holds) and, at some boundaries, a snapshot (the GDN conv ring, recurrent state and prompt
 mask of a slot right after the block's last token). Requests hold the blocks of their prompt (refcounts);
 blocks no request holds stay cached in LRU order and are evicted, descendants with them, when pages or
-snapshots run short.
+snapshots run short. With a host tier (`host_tier.HostTier`) evicted blocks move to host memory instead, and a
+hit brings them back (`restore`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from hybrid_jax.engine.host_tier import HostBlock, HostTier
 
 if TYPE_CHECKING:
     from hybrid_jax.engine.cache import BlockAllocator
@@ -38,14 +41,15 @@ class PrefixCache:
     """The cached blocks of the prompts seen, their page and snapshot ids taken from the engine's allocators."""
 
     def __init__(self, block_size: int, page_size: int, pages: BlockAllocator, snapshots: BlockAllocator,
-                 snapshot_stride: int = 1):
+                 snapshot_stride: int = 1, host: HostTier | None = None):
         if block_size % page_size:
             raise ValueError(f"prefix block: {block_size} tokens is not a multiple of the page size {page_size}")
         self.block_size, self.pages_per_block = block_size, block_size // page_size
-        self.pages, self.snapshots, self.snapshot_stride = pages, snapshots, snapshot_stride
+        self.pages, self.snapshots, self.snapshot_stride, self.host = pages, snapshots, snapshot_stride, host
         self.blocks: dict[int, Block] = {}
         self.by_key: dict[tuple, int] = {}
         self.unused: OrderedDict[int, None] = OrderedDict()  # unreferenced blocks, least recently used first
+        self.unused_snapshots: OrderedDict[int, None] = OrderedDict()  # those of them holding a snapshot, likewise
         self._next_id = 1
 
     # -- lookup --------------------------------------------------------------------------------------
@@ -53,27 +57,30 @@ class PrefixCache:
         b = self.block_size
         return parent, tuple(tokens[index * b: (index + 1) * b])
 
-    def match(self, tokens: list[int]) -> list[Block]:
-        """The cached blocks of ``tokens``' longest cached chain of full blocks."""
+    def match(self, tokens: list[int]) -> list[Block | HostBlock]:
+        """The cached blocks of ``tokens``' longest cached chain of full blocks (device blocks, then host ones)."""
         chain, parent = [], ROOT
         for index in range(len(tokens) // self.block_size):
-            block_id = self.by_key.get(self.key(parent, tokens, index))
-            if block_id is None:
+            key = self.key(parent, tokens, index)
+            block_id = self.by_key.get(key)
+            block = self.blocks[block_id] if block_id is not None else self.host.get(key) if self.host else None
+            if block is None:
                 break
-            chain.append(self.blocks[block_id])
-            parent = block_id
+            chain.append(block)
+            parent = block.block_id
         return chain
 
-    def hit(self, tokens: list[int]) -> list[Block]:
+    def hit(self, tokens: list[int]) -> list[Block | HostBlock]:
         """The blocks a request for ``tokens`` reuses: the longest cached chain ending at a snapshot that leaves
-        at least the last token to compute (its logits)."""
+        at least the last token to compute (its logits); its host blocks, if any, come last (see `restore`)."""
         chain = self.match(tokens[:-1])
         while chain and not chain[-1].snapshot:
             chain.pop()
         return chain
 
     def cached(self, tokens: list[int]) -> bool:
-        """Whether every block of ``tokens`` (a block multiple) is cached, the last with its state."""
+        """Whether every block of ``tokens`` (a block multiple) is cached (on either tier), the last with its
+        state."""
         chain = self.match(tokens)
         return len(chain) * self.block_size == len(tokens) and bool(chain) and bool(chain[-1].snapshot)
 
@@ -96,21 +103,23 @@ class PrefixCache:
         return boundary if boundary > start else end
 
     def reserve_snapshot(self) -> int:
-        """A snapshot id for a state a step is about to write (evicting unused blocks for one), or 0 when none
-        can be freed. The caller attaches it to a block (`attach_snapshot`) or frees it."""
-        while self.snapshots.num_free == 0:
-            victim = next((i for i in self.unused if self._holds_snapshot(i)), None)
-            if victim is None:
+        """A snapshot id for a state a step is about to write (evicting the least recently used unused block that
+        holds one, with its descendants, when none is free), or 0 when none can be freed. The caller attaches it
+        to a block (`attach_snapshot`) or frees it."""
+        if self.snapshots.num_free == 0:
+            if not self.unused_snapshots:
                 return 0
-            self._evict(victim)
+            self._evict(next(iter(self.unused_snapshots)))
         return self.snapshots.allocate(1)[0]
 
-    def attach_snapshot(self, block: Block, snapshot: int) -> None:
-        """Give ``block`` the written ``snapshot`` (freed instead when the block has one already)."""
+    def attach_snapshot(self, block: Block, snapshot: int) -> bool:
+        """Give ``block`` (held by the caller) the written ``snapshot``; False, freeing it, when the block has one
+        already."""
         if block.snapshot:
             self.snapshots.free([snapshot])
-        else:
-            block.snapshot = snapshot
+            return False
+        block.snapshot = snapshot
+        return True
 
     def free_snapshots(self, snapshots: list[int]) -> None:
         self.snapshots.free([i for i in snapshots if i])
@@ -119,12 +128,14 @@ class PrefixCache:
         """Free ``block``'s snapshot (a later one supersedes it); the block stays cached."""
         self.free_snapshots([block.snapshot])
         block.snapshot = 0
+        self.unused_snapshots.pop(block.block_id, None)
 
     # -- holding -------------------------------------------------------------------------------------
     def acquire(self, blocks: list[Block]) -> None:
         for block in blocks:
             block.refs += 1
             self.unused.pop(block.block_id, None)
+            self.unused_snapshots.pop(block.block_id, None)
 
     def release(self, blocks: list[Block]) -> None:
         """Drop a request's hold on its chain; blocks no one holds become evictable, the deepest first."""
@@ -132,6 +143,8 @@ class PrefixCache:
             block.refs -= 1
             if block.refs == 0:
                 self.unused[block.block_id] = None
+                if block.snapshot:
+                    self.unused_snapshots[block.block_id] = None
 
     def add(self, parent: int, tokens: list[int], index: int, pages: list[int]) -> tuple[Block, bool]:
         """Cache block ``index`` of ``tokens`` (after ``parent``) over ``pages``, held once by the caller; an
@@ -143,17 +156,34 @@ class PrefixCache:
             block = self.blocks[block_id]
             self.acquire([block])
             return block, False
-        block = Block(self._next_id, key, list(pages), refs=1)
-        self._next_id += 1
+        on_host = self.host.get(key) if self.host is not None else None
+        if on_host is not None:  # computed again (the hit stopped short of it): the device's now, id kept for its
+            self.host.take([on_host])  # host descendants
+            block_id = on_host.block_id
+        else:
+            block_id, self._next_id = self._next_id, self._next_id + 1
+        block = Block(block_id, key, list(pages), refs=1)
         self.blocks[block.block_id] = block
         self.by_key[key] = block.block_id
         if parent != ROOT:
             self.blocks[parent].children.add(block.block_id)
         return block, True
 
-    def _holds_snapshot(self, block_id: int) -> bool:
-        block = self.blocks[block_id]
-        return bool(block.snapshot) or any(self._holds_snapshot(c) for c in block.children)
+    def restore(self, taken: list[HostBlock], pages: list[int], snapshot: int) -> list[Block]:
+        """Bring ``taken`` (a hit's host blocks, taken from the host tier) back over ``pages``, the last with
+        ``snapshot`` (reserved); returns them as device blocks held once by the caller."""
+        restored = []
+        for i, host_block in enumerate(taken):
+            block_pages = pages[i * self.pages_per_block: (i + 1) * self.pages_per_block]
+            last = i == len(taken) - 1
+            block = Block(host_block.block_id, host_block.key, block_pages, snapshot if last else 0, refs=1)
+            self.blocks[block.block_id] = block
+            self.by_key[block.key] = block.block_id
+            if block.key[0] != ROOT:
+                self.blocks[block.key[0]].children.add(block.block_id)
+            self.host.restore(host_block, block_pages, snapshot if last else 0)
+            restored.append(block)
+        return restored
 
     # -- eviction ------------------------------------------------------------------------------------
     def make_room(self, pages: int) -> bool:
@@ -162,12 +192,19 @@ class PrefixCache:
             self._evict(next(iter(self.unused)))
         return self.pages.num_free >= pages
 
-    def _evict(self, block_id: int) -> None:
+    def _evict(self, block_id: int, offload: bool = True) -> bool:
         """Drop an unreferenced block and its descendants (unreferenced too: a holder of a block holds its
-        ancestors), freeing their pages and snapshots."""
+        ancestors), freeing their pages and snapshots; with a host tier, those with a snapshot at or below them
+        move there. Returns whether the block moved."""
         block = self.blocks.pop(block_id)
+        moved = False
         for child in list(block.children):
-            self._evict(child)
+            moved |= self._evict(child, offload)
+        if self.host is not None:
+            useful = moved or block.snapshot or block_id in self.host.children
+            moved = bool(offload and useful and self.host.offload(block_id, block.key, block.pages, block.snapshot))
+            if not moved:
+                self.host.drop_children(block_id)
         del self.by_key[block.key]
         self.unused.pop(block_id)
         parent = block.key[0]
@@ -175,11 +212,15 @@ class PrefixCache:
             self.blocks[parent].children.discard(block_id)
         self.pages.free(block.pages)
         self.drop_snapshot(block)
+        return moved
 
     def reset(self) -> bool:
-        """Evict every unused block; True when the cache is empty after (no request holds a block)."""
+        """Evict every unused block (the host tier's too); True when the cache is empty after (no request holds a
+        block)."""
         while self.unused:
-            self._evict(next(iter(self.unused)))
+            self._evict(next(iter(self.unused)), offload=False)
+        if self.host is not None:
+            self.host.clear()
         return not self.blocks
 
     @property
@@ -190,4 +231,5 @@ class PrefixCache:
     def stats(self) -> dict:
         return {"prefix_blocks": len(self.blocks), "prefix_blocks_unused": len(self.unused),
                 "prefix_pages": sum(len(b.pages) for b in self.blocks.values()),
-                "snapshots_used": self.snapshots.num_used, "snapshots_total": self.snapshots.capacity}
+                "snapshots_used": self.snapshots.num_used, "snapshots_total": self.snapshots.capacity,
+                **(self.host.stats() if self.host is not None else {})}

@@ -25,6 +25,8 @@ from hybrid_jax.engine.cache import plan_layout, weight_device_bytes
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, PendingSample, host_samples
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.grammar import fill_masks, mask_words
+from hybrid_jax.engine.host_moves import HostMoves
+from hybrid_jax.engine.host_tier import HostTier
 from hybrid_jax.engine.jitted import JittedSteps
 from hybrid_jax.engine.placement import Placement, place_model
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
@@ -79,6 +81,16 @@ class Runner:
                                  page_size=self.layout.page_size, valid_vocab=self.valid_vocab,
                                  decode_steps=self.decode_steps)
         self.devices = self.placement.devices
+        self.host_tier = self.host_moves = None  # the prefix cache's host-memory tier (kv_offloading_size)
+        if config.kv_offloading_size and self.snapshots is not None:
+            per_block = config.prefix_block // self.layout.page_size
+            self.host_moves = HostMoves(self.placement, per_block)
+            nbytes = lambda tree: sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(tree))
+            self.host_tier = HostTier(int(config.kv_offloading_size * 2**30), nbytes(self.host_moves.page_shapes),
+                                      nbytes(self.host_moves.row_shapes))
+            log.info("prefix caching: a host tier of %.1f GiB (%.1f MiB a block, %.1f MiB a snapshot)",
+                     config.kv_offloading_size, self.host_tier.block_bytes / 2**20,
+                     self.host_tier.snapshot_bytes / 2**20)
         store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         self.programs = Programs(self._program_specs(), store, self._program_context())
         self.scorer = PromptScorer(graphdef, self._weights_def, self.weights, self.valid_vocab,
@@ -136,6 +148,8 @@ class Runner:
             specs["prefill", size] = ProgramSpec(f"prefill T={size}", self.steps.prefill,
                                                  (weights, pools, snapshots, self.prefill_batch([], size)),
                                                  essential=size == largest_prefill)
+        if self.host_moves is not None:
+            specs.update(self.host_moves.specs(shape_of))
         if self.snapshots is not None:
             pairs = (rows(self.config.max_prefill_seqs),) * 2
             specs["snapshot_restore", self.config.max_prefill_seqs] = ProgramSpec(
@@ -283,6 +297,7 @@ class Runner:
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
         """Queue one prefill step over ``chunks`` at the first built of ``buckets``; its samples stay on the
         device ([max_prefill_seqs] rows, one per chunk)."""
+        self.apply_host_moves()
         size, program = next((b, p) for b in buckets if (p := self.program(("prefill", b))) is not None)
         sampled, self.pools, self.snapshots = program(self.weights, self.pools, self.snapshots,
                                                       self.prefill_batch(chunks, size))
@@ -300,6 +315,7 @@ class Runner:
         (the host neither waits for them nor copies them to the device); ``first``: prefill's unread samples, the
         last tokens of the requests it names; ``snapshot_ids`` [steps, size] i32: the snapshots each step writes
         (0: none; with a snapshot pool)."""
+        self.apply_host_moves()
         batch = after.next_batch if after is not None else self.decode_batch(requests, size, first)
         if self.snapshots is not None and snapshot_ids is None:
             snapshot_ids = np.zeros((variant[1], size), np.int32)
@@ -320,6 +336,7 @@ class Runner:
                      and self.program(("decode_sample", b)) is not None), None)
         if size is None:
             return None
+        self.apply_host_moves()
         batch = after.next_batch if after is not None else self.decode_batch(requests, size)
         logits, self.pools = self.program(("decode_logits", size))(self.weights, self.pools, batch)
         self.runs["decode_logits", size] += 1
@@ -346,6 +363,7 @@ class Runner:
     def restore_snapshots(self, pairs: list[tuple[int, int]], *, padding: bool = False) -> None:
         """Queue copies of each (slot, snapshot)'s snapshot into the slot, before the steps queued after,
         ``max_prefill_seqs`` at a time (``padding``: once over padding, the warm-up's run)."""
+        self.apply_host_moves()
         size = self.config.max_prefill_seqs
         program = self.program(("snapshot_restore", size))
         for start in range(0, len(pairs) or int(padding), size):
@@ -356,6 +374,16 @@ class Runner:
             self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
             if group:
                 self.runs["snapshot_restore", size] += 1
+
+    def apply_host_moves(self) -> None:
+        """Queue the host tier's pending copies, before the device calls that could write what they read (pages
+        and snapshots its evictions freed) or read what they write (the blocks a hit brings back)."""
+        if self.host_tier is not None and self.host_tier.moves:
+            moves, self.host_tier.moves = self.host_tier.moves, []
+            self.pools, self.snapshots = self.host_moves.run(moves, self.program, self.pools, self.snapshots)
+            read_pages, write_pages = self.host_moves.keys[:2]
+            for move in moves:
+                self.runs[read_pages if move.direction == "out" else write_pages] += 1
 
     def write_grammar_masks(self, requests: list[Request]) -> None:
         """Queue writes of each request's next-token grammar bitmask (computed here, on the host) into the pools

@@ -45,6 +45,7 @@ import numpy as np
 
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.fills import DELAY_S, Fills
+from hybrid_jax.engine.host_tier import HostBlock
 from hybrid_jax.engine.output_snapshots import OutputSnapshots
 from hybrid_jax.engine.prefix_cache import GDN_CHUNK, ROOT, PrefixCache
 from hybrid_jax.engine.requests import PromptLogprob, QueueFullError, Request, TokenEvent
@@ -82,7 +83,7 @@ class Scheduler:
         self.fills = Fills(prefix.block_size, fill_delay_s) if prefix is not None else None
         self.output_snapshots = OutputSnapshots(prefix) if prefix is not None else None
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
-                         "prefix_cache_queries": 0, "prefix_cache_hits": 0}
+                         "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_host_hits": 0}
 
     def pages_for(self, tokens: int) -> int:
         """KV pages that hold ``tokens`` tokens."""
@@ -171,17 +172,33 @@ class Scheduler:
         """Give ``r`` a slot and its pages, on its prefix's hit; the restores it needs, or None when its pages
         cannot be freed."""
         hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
+        on_host = [block for block in hit if isinstance(block, HostBlock)]  # the chain's last blocks
+        hit = hit[: len(hit) - len(on_host)]
         shared = [p for block in hit for p in block.pages]
         need = self.pages_for(r.total_len) - len(shared)
+        snapshot = 0
         if self.prefix is not None:
             self.prefix.acquire(hit)
+            if on_host:  # out of the host tier while room is made (nothing evicts them), then back on the device
+                self.prefix.host.take(on_host)
+                snapshot = self.prefix.reserve_snapshot()
+                if not snapshot:
+                    self.prefix.host.put_back(on_host)
+                    on_host = []
             if not self.prefix.make_room(need):
                 self.prefix.release(hit)
+                self.prefix.free_snapshots([snapshot])
+                if on_host:
+                    self.prefix.host.put_back(on_host)
                 return None
         elif self.pages.num_free < need:
             return None
         r.slot = self.slots.allocate(1)[0]
         r.pages = shared + self.pages.allocate(need)
+        if on_host:
+            hit = hit + self.prefix.restore(on_host, r.pages[len(shared):], snapshot)
+            shared = r.pages[: len(hit) * self.prefix.pages_per_block]
+            self.counters["prefix_cache_host_hits"] += len(on_host) * self.prefix.block_size
         r.blocks = hit
         r.num_prefilled = r.num_cached_tokens = len(shared) * self.page_size
         if self.prefix is not None and not r.fill:

@@ -126,6 +126,33 @@ def test_eviction_under_memory_pressure_never_fails_a_request(model, reference):
     assert stats["pages_used"] == 0 and stats["slots_used"] == 0
 
 
+THREE = [BASE[:200], OTHER[:200], np.random.default_rng(2).integers(0, 512, 200).tolist()]
+
+
+@pytest.fixture(scope="module")
+def three_off(model):
+    return serve(make_engine(model, enable_prefix_caching=False), THREE)[0]
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["one-device", "tp2"])
+def test_evicted_blocks_come_back_from_the_host_tier(three_off, tp):
+    """Room on the device for about one prompt's blocks, three prompts in turn: each evicts the one before to the
+    host tier, and the second round brings every one back (its KV pages into fresh pages, its snapshot into a
+    fresh snapshot); outputs identical to the cache off."""
+    model = hybrid_jax.load_pretrained(GOLDEN, "float32")  # tp=2 shards it in place
+    engine = make_engine(model, num_pages=25, max_model_len=288, snapshot_stride=4, num_snapshots=3,
+                         kv_offloading_size=0.01, tensor_parallel_size=tp)
+    out, cached = serve(engine, THREE * 2)
+    if tp == 1:
+        assert out == three_off * 2
+    else:
+        assert_close(out, three_off * 2)
+    assert cached == [0, 0, 0, 192, 192, 192]
+    assert engine.scheduler.counters["prefix_cache_host_hits"] == 3 * 192
+    stats = engine.stats()
+    assert stats["pages_used"] == 0 and stats["slots_used"] == 0 and stats["host_blocks"] > 0
+
+
 def test_reset_empties_the_cache(model):
     engine = make_engine(model)
     try:

@@ -3,8 +3,11 @@ their snapshot plans, nothing partial cached, eviction, and exact page / slot / 
 
 import random
 
+import pytest
+
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.config import EngineConfig
+from hybrid_jax.engine.host_tier import HostTier
 from hybrid_jax.engine.prefix_cache import PrefixCache
 from hybrid_jax.engine.requests import Request
 from hybrid_jax.engine.sampling_params import SamplingParams
@@ -14,11 +17,13 @@ BLOCK = 64
 
 
 def make(pages: int = 64, slots: int = 4, snapshots: int = 16, stride: int = 1, fill_delay_s: float = 0.0,
-         **config) -> Scheduler:
+         host_blocks: int = 0, **config) -> Scheduler:
+    """``host_blocks``: a host tier of that many blocks' bytes (a block 1 unit, a snapshot 2)."""
     options = dict(max_batch=slots, max_model_len=512, page_size=16, prefill_chunk=128, max_prefill_seqs=2)
     options.update(config)
     page_ids = BlockAllocator(pages + 1)
-    prefix = PrefixCache(BLOCK, 16, page_ids, BlockAllocator(snapshots + 1), stride)
+    host = HostTier(host_blocks, 1, 2) if host_blocks else None
+    prefix = PrefixCache(BLOCK, 16, page_ids, BlockAllocator(snapshots + 1), stride, host=host)
     return Scheduler(EngineConfig(**options), BlockAllocator(slots + 1), page_ids, page_size=16, decode_steps=1,
                      prefix=prefix, fill_delay_s=fill_delay_s)
 
@@ -180,11 +185,42 @@ def test_snapshots_run_short_and_evict_unused_blocks():
     assert sum(1 for b in s.prefix.blocks.values() if b.snapshot) == 2
 
 
-def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for():
+def test_evicted_blocks_move_to_the_host_tier_and_come_back_on_a_hit():
+    s = make(pages=20, slots=1, snapshots=4, stride=2, host_blocks=100)
+    a, b = request("a", prompt(256)), request("b", prompt(256, seed=1))
+    run(s, a)
+    a_blocks = [blk.block_id for blk in s.prefix.match(a.prompt_ids)]
+    run(s, b)  # 20 pages: a's blocks are evicted for b's, to the host
+    host = s.prefix.host
+    assert [blk.block_id for blk in s.prefix.match(a.prompt_ids)] == a_blocks
+    assert all(i in host.blocks for i in a_blocks) and not any(i in s.prefix.blocks for i in a_blocks)
+    outs = [m for m in host.moves if m.direction == "out"]
+    assert {m.block.block_id for m in outs} >= set(a_blocks) and all(len(m.pages) == 4 for m in outs)
+    host.moves.clear()
+    again = request("a2", a.prompt_ids + [1, 2, 3])
+    run(s, again)
+    assert again.num_cached_tokens == 256 and s.counters["prefix_cache_host_hits"] == 256
+    ins = [m for m in host.moves if m.direction == "in"]
+    assert [m.block.block_id for m in ins] == a_blocks  # root first, into the pages the request then held
+    assert [m.snapshot > 0 for m in ins] == [False, False, False, True]  # only the last block's snapshot
+    assert not any(i in host.blocks for i in a_blocks)
+
+
+def test_a_host_tier_too_small_for_a_block_keeps_nothing():
+    s = make(pages=20, slots=1, snapshots=4, host_blocks=2)  # a block with its snapshot takes 3
+    a = request("a", prompt(256))
+    run(s, a)
+    run(s, request("b", prompt(256, seed=1)))
+    assert s.prefix.host.used <= 2 and not s.prefix.host.children.get(0)
+    assert all(not m.snapshot for m in s.prefix.host.moves)
+
+
+@pytest.mark.parametrize("host_blocks", [0, 12], ids=["device", "with-host-tier"])
+def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for(host_blocks):
     rng = random.Random(0)
-    s = make(pages=40, slots=4, snapshots=6, stride=2, prefill_chunk=96)
+    s = make(pages=40, slots=4, snapshots=6, stride=2, prefill_chunk=96, host_blocks=host_blocks)
     bases = [prompt(400, seed=i) for i in range(4)]
-    pending = []
+    pending, output_cached = [], False
     for i in range(300):
         base = rng.choice(bases)
         n = rng.randrange(1, 300)
@@ -210,12 +246,40 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         assert s.prefix.snapshots.num_used == sum(1 for b in s.prefix.blocks.values() if b.snapshot)
         for block in s.prefix.blocks.values():
             assert block.refs == sum(block in r.blocks for r in held.values())
+        # The unused blocks (and those of them holding a snapshot, the snapshot victims) in one LRU order.
+        unused = [i for i in s.prefix.unused]
+        assert sorted(unused) == sorted(i for i, b in s.prefix.blocks.items() if not b.refs)
+        assert list(s.prefix.unused_snapshots) == [i for i in unused if s.prefix.blocks[i].snapshot]
         assert all(snapshot for _, snapshot in restores + plans)
+        if host_blocks:
+            check_host_tier(s.prefix)
+        output_cached = output_cached or any(b.key[1][-1] == 7 for b in s.prefix.blocks.values())
     assert s.counters["prefix_cache_hits"] > 0
-    assert any(b.key[1][-1] == 7 for b in s.prefix.blocks.values())  # blocks ending in output were cached
+    if host_blocks:
+        assert s.counters["prefix_cache_host_hits"] > 0
+    assert output_cached  # blocks ending in output were cached
     assert s.pages.num_used == sum(len(b.pages) for b in s.prefix.blocks.values())
     assert s.reset_prefix_cache()
     assert s.pages.num_used == 0 and s.slots.num_used == 0 and s.prefix.snapshots.num_used == 0
+    if host_blocks:
+        assert not s.prefix.host.blocks and not s.prefix.host.children and s.prefix.host.used == 0
+
+
+def check_host_tier(prefix: PrefixCache) -> None:
+    """The host tier within its budget, its blocks apart from the device's, each under a block of either tier (or
+    the root), and its parent links both ways."""
+    host = prefix.host
+    assert host.used == sum(b.nbytes for b in host.blocks.values()) <= host.budget
+    assert not set(host.blocks) & set(prefix.blocks)
+    assert list(host.lru) and sorted(host.lru) == sorted(host.blocks) or not host.blocks
+    for block in host.blocks.values():
+        parent = block.key[0]
+        assert parent == 0 or parent in host.blocks or parent in prefix.blocks
+        siblings = host.blocks[parent].children if parent in host.blocks else host.children[parent]
+        assert block.block_id in siblings and host.by_key[block.key] == block.block_id
+    listed = [c for b in host.blocks.values() for c in b.children] + [c for cs in host.children.values() for c in cs]
+    assert sorted(listed) == sorted(host.blocks)
+    assert all(parent == 0 or parent in prefix.blocks for parent in host.children)
 
 
 def test_chunks_shorter_than_a_block_still_snapshot_where_they_end_on_one():

@@ -15,12 +15,18 @@ from server.settings import Settings
 def test_serve_flag():
     assert parser(add_serve).parse_args(["serve", "--enable-prefix-caching"]).enable_prefix_caching is True
     assert parser(add_serve).parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parser(add_serve).parse_args(["serve"]).kv_offloading_size == 0.0
+    assert parser(add_serve).parse_args(["serve", "--kv-offloading-size", "64"]).kv_offloading_size == 64.0
 
 
 def test_prefix_cache_counters_on_metrics():
-    text = ServerMetrics(lambda: {"prefix_cache_queries": 300, "prefix_cache_hits": 128}, "m").render().decode()
+    stats = {"prefix_cache_queries": 300, "prefix_cache_hits": 128, "prefix_cache_host_hits": 64,
+             "host_bytes_used": 4096}
+    text = ServerMetrics(lambda: stats, "m").render().decode()
     assert 'vllm:prefix_cache_queries_total{model_name="m"} 300.0' in text
     assert 'vllm:prefix_cache_hits_total{model_name="m"} 128.0' in text
+    assert 'hybrid_jax:prefix_cache_host_hits_total{model_name="m"} 64.0' in text
+    assert 'hybrid_jax:prefix_cache_host_bytes_used{model_name="m"} 4096.0' in text
 
 
 def test_usage_counts_cached_tokens_once_per_prompt():
