@@ -75,6 +75,16 @@ class HostMoves:
         return {key: ProgramSpec(name, self.jitted[key], a, essential=True)
                 for key, name, a in zip(self.keys, names, args, strict=True)}
 
+    def round_trip(self, program, pools: dict, snapshots: dict) -> tuple[dict, dict]:
+        """Run the four programs once (the warm-up): the null page and snapshot out and back, unchanged."""
+        read_pages_key, write_pages_key, read_snapshot_key, write_snapshot_key = self.keys
+        page_ids, snapshot_ids = np.zeros(self.pages_per_block, np.int32), np.zeros(1, np.int32)
+        pages, rows = _to(HOST_MEMORY, (program(read_pages_key)(pools, page_ids),
+                                        program(read_snapshot_key)(snapshots, snapshot_ids)))
+        pages, rows = _to("device", (pages, rows))
+        pools = program(write_pages_key)(pools, page_ids, pages)
+        return pools, program(write_snapshot_key)(snapshots, snapshot_ids, rows)
+
     def run(self, moves: list[Move], program, pools: dict, snapshots: dict) -> tuple[dict, dict]:
         """Queue ``moves``' copies in order (``program(key)``: the built program); returns the new pools and
         snapshots. A copy out leaves its data in host memory on the block; a copy in reads it from there."""

@@ -225,6 +225,11 @@ class Runner:
                 elif key[0] == "decode_sample":
                     zeros = [jnp.zeros(a.shape, a.dtype) for a in (args[1], args[3], args[4])]
                     *_, self.pools = compiled(self.pools, zeros[0], args[2], *zeros[1:])
+                elif self.host_moves is not None and key == self.host_moves.keys[0]:
+                    self.pools, self.snapshots = self.host_moves.round_trip(self.program, self.pools,
+                                                                            self.snapshots)
+                elif key[0].startswith("host_"):
+                    pass  # run by the round trip
                 elif key[0] == "grammar_masks":
                     self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
                 else:

@@ -4,6 +4,7 @@ several lengths and chunkings, concurrent hits, eviction under memory pressure, 
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -151,6 +152,10 @@ def test_evicted_blocks_come_back_from_the_host_tier(three_off, tp):
     assert engine.scheduler.counters["prefix_cache_host_hits"] == 3 * 192
     stats = engine.stats()
     assert stats["pages_used"] == 0 and stats["slots_used"] == 0 and stats["host_blocks"] > 0
+    runner = engine.runner  # the GPU warm-up's run of the copies: the null page and snapshot out and back
+    before = jax.device_get((runner.pools, runner.snapshots))
+    after = jax.device_get(runner.host_moves.round_trip(runner.program, runner.pools, runner.snapshots))
+    jax.tree.map(np.testing.assert_array_equal, after, before)
 
 
 def test_reset_empties_the_cache(model):
