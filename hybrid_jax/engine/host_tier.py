@@ -4,8 +4,9 @@ instead of being computed again.
 
 A block moved here keeps its id and key, so chains run on across the tiers: the device's blocks are closed
 toward the root (a block's parent is on the device or the root), so a prompt's cached chain is device blocks
-then host blocks. Only blocks with a snapshot at or below them move (the rest could never end a hit). Each move
-is queued for the runner (`moves`), which copies before its next device call: the device ids freed by an
+then host blocks. Only blocks with a snapshot at or below them move (the rest could never end a hit), and of an
+evicted chain only its deepest snapshot (a hit on the host ends there, or where the device's snapshots end). Each
+move is queued for the runner (`moves`), which copies before its next device call: the device ids freed by an
 eviction are read before anything can write them, and a restored block is written before anything reads it.
 Host blocks are evicted least recently used first, with their host descendants (unreachable without them).
 """

@@ -195,14 +195,17 @@ class PrefixCache:
     def _evict(self, block_id: int, offload: bool = True) -> bool:
         """Drop an unreferenced block and its descendants (unreferenced too: a holder of a block holds its
         ancestors), freeing their pages and snapshots; with a host tier, those with a snapshot at or below them
-        move there. Returns whether the block moved."""
+        move there, the snapshot only where none below moved (a chain's deepest: a snapshot is ~25 blocks' bytes at
+        9B). Returns whether the block moved."""
         block = self.blocks.pop(block_id)
         moved = False
         for child in list(block.children):
             moved |= self._evict(child, offload)
         if self.host is not None:
-            useful = moved or block.snapshot or block_id in self.host.children
-            moved = bool(offload and useful and self.host.offload(block_id, block.key, block.pages, block.snapshot))
+            below = moved or block_id in self.host.children  # a snapshot below it is on the host
+            snapshot = 0 if below else block.snapshot
+            moved = bool(offload and (below or snapshot) and self.host.offload(block_id, block.key, block.pages,
+                                                                                snapshot))
             if not moved:
                 self.host.drop_children(block_id)
         del self.by_key[block.key]

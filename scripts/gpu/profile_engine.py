@@ -1,7 +1,9 @@
-"""Where the engine thread spends its time under a serving-like load, in-process (no HTTP): prefix caching on
-and off, one engine after the other in one process, random weights at the size's real shapes.
+"""Where the engine thread spends its time under a serving-like load, in-process (no HTTP): prefix caching on,
+on with a host tier (``host``) and off, one engine after the other in one process, random weights at the size's
+real shapes.
 
     python3 scripts/gpu/profile_engine.py --size 9b [--concurrency 64] [--num-prompts 256] [--out prof.json]
+        [--variants on off host] [--kv-offloading-size 32]
 
 Clients keep ``--concurrency`` requests of random 1024/128 token ids in flight (greedy, ignore_eos), as
 scripts/bench_serving.py does over HTTP. A sampler reads the engine thread's stack every millisecond; the
@@ -94,15 +96,18 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=4)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--variants", nargs="+", choices=("on", "off", "host"), default=["on", "off"])
+    parser.add_argument("--kv-offloading-size", type=float, default=32.0, help="GiB, for the host variant")
     args = parser.parse_args()
     model = hybrid_jax.random_model(args.size, "bfloat16")
     rng = np.random.default_rng(0)
     results = {}
-    for prefix in (True, False):
+    for variant in args.variants:
         config = EngineConfig(max_batch=args.concurrency, max_model_len=4096, prefill_chunk=1024,
                               decode_steps=args.decode_steps, memory_utilization=0.85,
                               decode_sizes=(args.concurrency,), prefill_sizes=(256, 1024),
-                              enable_prefix_caching=prefix)
+                              enable_prefix_caching=variant != "off",
+                              kv_offloading_size=args.kv_offloading_size if variant == "host" else 0.0)
         engine = Engine(model, config, valid_vocab=248_077).start()
         decode = engine.runner.program(("decode", True, args.decode_steps, args.concurrency))
         copies = [line.strip()[:200] for line in decode.as_text().splitlines()
@@ -117,7 +122,7 @@ def main() -> None:
         row["top"] = [(where, inner, round(100 * n / total, 1)) for (where, inner), n in
                       sampler.counts.most_common(args.top)]
         row["stats"], row["decode_copies"] = engine.stats(), copies
-        results["on" if prefix else "off"] = row
+        results[variant] = row
         engine.shutdown()
         engine.release()
         del engine

@@ -196,6 +196,8 @@ def test_evicted_blocks_move_to_the_host_tier_and_come_back_on_a_hit():
     assert all(i in host.blocks for i in a_blocks) and not any(i in s.prefix.blocks for i in a_blocks)
     outs = [m for m in host.moves if m.direction == "out"]
     assert {m.block.block_id for m in outs} >= set(a_blocks) and all(len(m.pages) == 4 for m in outs)
+    moved_snapshots = {m.block.block_id for m in outs if m.snapshot}
+    assert moved_snapshots & set(a_blocks) == {a_blocks[-1]}  # a chain's deepest snapshot only
     host.moves.clear()
     again = request("a2", a.prompt_ids + [1, 2, 3])
     run(s, again)
