@@ -5,9 +5,10 @@ instead of being computed again.
 A block moved here keeps its id and key, so chains run on across the tiers: the device's blocks are closed
 toward the root (a block's parent is on the device or the root), so a prompt's cached chain is device blocks
 then host blocks. Only blocks with a snapshot at or below them move (the rest could never end a hit), and of an
-evicted chain only its deepest snapshot (a hit on the host ends there, or where the device's snapshots end). Each
-move is queued for the runner (`moves`), which copies before its next device call: the device ids freed by an
-eviction are read before anything can write them, and a restored block is written before anything reads it.
+evicted chain only the snapshots at its end (`keeps_snapshot_above`): a hit on the host ends there, or where the
+device's snapshots end. Each move is queued for the runner (`moves`), which copies before its next device call:
+the device ids freed by an eviction are read before anything can write them, and a restored block is written
+before anything reads it.
 Host blocks are evicted least recently used first, with their host descendants (unreachable without them).
 """
 
@@ -66,6 +67,15 @@ class HostTier:
         self._insert(block)
         self.moves.append(Move("out", block, list(pages), snapshot))
         return True
+
+    def keeps_snapshot_above(self, children: set[int]) -> bool:
+        """Whether an evicted block whose host ``children`` these are moves its snapshot: when none moved (it ends
+        the chain) or they are one last block with a snapshot (a prompt ending on a block boundary is resent from
+        the boundary before it, the last token's logits computed again)."""
+        if not children:
+            return True
+        child = self.blocks[next(iter(children))]
+        return len(children) == 1 and child.snapshot and not child.children
 
     def take(self, blocks: list[HostBlock]) -> None:
         """Remove ``blocks`` (a chain, root first) to bring them back to the device; `put_back` undoes it."""

@@ -195,15 +195,15 @@ class PrefixCache:
     def _evict(self, block_id: int, offload: bool = True) -> bool:
         """Drop an unreferenced block and its descendants (unreferenced too: a holder of a block holds its
         ancestors), freeing their pages and snapshots; with a host tier, those with a snapshot at or below them
-        move there, the snapshot only where none below moved (a chain's deepest: a snapshot is ~25 blocks' bytes at
-        9B). Returns whether the block moved."""
+        move there, snapshots only at a chain's end (see `HostTier.keeps_snapshot_above`: a snapshot is ~25 blocks'
+        bytes at 9B). Returns whether the block moved."""
         block = self.blocks.pop(block_id)
         moved = False
         for child in list(block.children):
-            moved |= self._evict(child, offload)
+            self._evict(child, offload)
         if self.host is not None:
-            below = moved or block_id in self.host.children  # a snapshot below it is on the host
-            snapshot = 0 if below else block.snapshot
+            below = self.host.children.get(block_id, ())  # host blocks: each with a snapshot at or below it
+            snapshot = block.snapshot if self.host.keeps_snapshot_above(below) else 0
             moved = bool(offload and (below or snapshot) and self.host.offload(block_id, block.key, block.pages,
                                                                                 snapshot))
             if not moved:

@@ -197,7 +197,7 @@ def test_evicted_blocks_move_to_the_host_tier_and_come_back_on_a_hit():
     outs = [m for m in host.moves if m.direction == "out"]
     assert {m.block.block_id for m in outs} >= set(a_blocks) and all(len(m.pages) == 4 for m in outs)
     moved_snapshots = {m.block.block_id for m in outs if m.snapshot}
-    assert moved_snapshots & set(a_blocks) == {a_blocks[-1]}  # a chain's deepest snapshot only
+    assert moved_snapshots & set(a_blocks) == set(a_blocks[-2:])  # the chain's end (and the boundary before it)
     host.moves.clear()
     again = request("a2", a.prompt_ids + [1, 2, 3])
     run(s, again)
@@ -206,6 +206,16 @@ def test_evicted_blocks_move_to_the_host_tier_and_come_back_on_a_hit():
     assert [m.block.block_id for m in ins] == a_blocks  # root first, into the pages the request then held
     assert [m.snapshot > 0 for m in ins] == [False, False, False, True]  # only the last block's snapshot
     assert not any(i in host.blocks for i in a_blocks)
+
+
+def test_a_prompt_evicted_to_the_host_tier_and_resent_whole_resumes_before_its_last_block():
+    s = make(pages=20, slots=1, snapshots=4, stride=4, host_blocks=100)
+    a = request("a", prompt(256))
+    run(s, a)
+    run(s, request("b", prompt(256, seed=1)))  # evicts a's blocks to the host
+    again = request("a2", list(a.prompt_ids))
+    run(s, again)
+    assert again.num_cached_tokens == 192 and s.counters["prefix_cache_host_hits"] == 192
 
 
 def test_a_host_tier_too_small_for_a_block_keeps_nothing():
