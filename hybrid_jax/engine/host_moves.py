@@ -2,7 +2,7 @@
 written back, `GROUP` blocks a call, and snapshots, one a call, by four small programs. A call's fixed cost is
 most of a block's copy, hence the groups (BENCHMARKS, host-tier copies). Pages move inside their programs (the
 outputs or inputs live in host memory); a snapshot's rows move by `jax.device_put` beside a device-only
-program, which copies them ~8x faster than a program whose outputs live in host memory. Copies are queued in
+program, several times faster than a program whose outputs live in host memory (BENCHMARKS). Copies are queued in
 the order of the moves; the host does not wait for them."""
 
 from __future__ import annotations
