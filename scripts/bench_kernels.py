@@ -1,7 +1,7 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
     python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep |
-                                    --attention-sweep] [--ops gdn_chunk ...] [--sizes 9b 27b]
+                                    --attention-sweep | --prefill-sweep] [--ops gdn_chunk ...] [--sizes 9b 27b]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
@@ -30,7 +30,7 @@ import numpy as np
 from hybrid_jax.profiling import trace_kernels
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
-from pallas_kernels.paged_attention import paged_decode_attention
+from pallas_kernels.paged_attention import paged_decode_attention, paged_prefill_attention
 
 HBM_TBPS = 4.3  # measured HBM copy bandwidth of the H200 (shared/gpu/README.md)
 SIZES = {"9b": dict(hk=16, hv=32, hq=16, hkv=4), "27b": dict(hk=16, hv=48, hq=24, hkv=4)}
@@ -258,6 +258,27 @@ def bench_paged_decode(size: str, batch: int, context: int, page_size: int = 16,
     return row
 
 
+def bench_paged_prefill(size: str, new_tokens: int, context: int, page_size: int = 16, **tuning) -> dict:
+    """Paged prefill attention of one sequence's ``new_tokens`` at the end of a ``context``-token paged context
+    (a prefix cache hit: the rest cached); ours_ms is device time (the kernel and its split combine)."""
+    s = SIZES[size]
+    hq, hkv, hd = s["hq"], s["hkv"], 256
+    pages = -(-context // page_size)
+    key = jax.random.PRNGKey(3)
+    k_pages = jax.random.normal(key, (pages + 1, page_size, hkv, hd), jnp.bfloat16)
+    v_pages = jax.random.normal(jax.random.fold_in(key, 1), (pages + 1, page_size, hkv, hd), jnp.bfloat16)
+    tables = jnp.asarray(np.random.default_rng(0).permutation(np.arange(1, pages + 1))[None], jnp.int32)
+    q = jax.random.normal(jax.random.fold_in(key, 2), (new_tokens, hq, hd), jnp.bfloat16)
+    args = (q, k_pages, v_pages, tables, jnp.asarray([0, new_tokens], jnp.int32), jnp.asarray([context], jnp.int32))
+    ours = jax.jit(lambda *a: paged_prefill_attention(*a, scale=hd**-0.5, **tuning))
+    wall = time_jax(ours, *args)
+    device = sum(r["us"] for r in trace_kernels(ours, *args, calls=10)) * 1e-6
+    kv_bytes = 2 * context * hkv * hd * 2
+    shape = f"T={new_tokens} ctx={context}" + "".join(f" {k}={v}" for k, v in tuning.items())
+    return {"op": "paged_prefill_attention", "size": size, "shape": shape, "ours_ms": device * 1e3,
+            "wall_ms": wall * 1e3, "tbps": kv_bytes / device / 1e12, "hbm_share": kv_bytes / device / 1e12 / HBM_TBPS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="bench_kernels.json")
@@ -266,6 +287,9 @@ def main() -> None:
                         help="only the fused GDN decode kernel, over its tile width and warp count")
     parser.add_argument("--attention-sweep", action="store_true",
                         help="only paged decode attention at B=64 x 4K context, over its tiles, stages, warps, splits")
+    parser.add_argument("--prefill-sweep", action="store_true",
+                        help="only paged prefill attention of 64 and 1024 new tokens over 1K-32K contexts, over its "
+                             "KV splits (none: its own choice)")
     parser.add_argument("--chunk-sweep", action="store_true",
                         help="only gdn_chunk at 9B shapes, T=8192, over its tiles, dk slices, warps and stages, "
                              "with its error")
@@ -286,6 +310,10 @@ def main() -> None:
     elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
                  for bv, w in ((16, 4), (32, 4), (64, 4), (128, 4), (128, 8))]
+    elif args.prefill_sweep:
+        cases = [functools.partial(bench_paged_prefill, **({} if n is None else {"num_splits": n}))
+                 for n in (None, 1, 4, 8, 16, 32)]
+        cases = [(case, "9b", t, ctx) for t in (64, 1024) for ctx in (1024, 16384, 32768) for case in cases]
     elif args.attention_sweep:
         tunings = [dict(block_kv=n, num_stages=st, num_warps=w) for n in (32, 64, 128) for st, w in
                    ((2, 4), (3, 4), (2, 8), (3, 8))]

@@ -406,21 +406,22 @@ def _prefill_kernel(
     q_ref,
     k_ref,
     v_ref,
-    o_ref,
-    *,
+    *out_refs,
     scale: float,
     group: int,
     block_q: int,
     block_kv: int,
     page_size: int,
+    num_splits: int,
 ):
-    """Program (tile, kv head h): block_q (token, q head) pairs of one sequence, heads of h's group.
+    """Program (tile, kv head h, split): block_q (token, q head) pairs of one sequence, heads of h's group,
+    over one share of the KV blocks those rows see.
 
     Sequence s owns tiles first_tile(s) = cu_q_lens[s] * group // block_q + s onwards (enough for its
     q_len * group pairs; the gaps left are idle tiles). s == S stands for the padding rows after
     cu_q_lens[S]: context 0, so they get zeros. Tiles run last-first: long-context tiles start early.
     """
-    num_tiles, h = pl.num_programs(0), pl.program_id(1)
+    num_tiles, h, split = pl.num_programs(0), pl.program_id(1), pl.program_id(2)
     tile = num_tiles - 1 - pl.program_id(0)
     num_tokens, _, head_dim = q_ref.shape
     num_seqs = lens_ref.shape[0]
@@ -458,18 +459,28 @@ def _prefill_kernel(
         first_pos = pos0 + _div(pair0, group)
         last_pos = pos0 + _div(jnp.minimum(pair0 + block_q, num_pairs) - 1, group)
         num_blocks = _cdiv(jnp.maximum(last_pos + 1, 0), block_kv)
+        per_split = _cdiv(num_blocks, num_splits)
+        lo = split * per_split
+        hi = jnp.maximum(jnp.minimum(lo + per_split, num_blocks), lo)
         load_block = functools.partial(
             _load_kv_block, k_ref, v_ref, pt_ref, seq, h, block_kv=block_kv, page_size=page_size
         )
-        m, l, acc = _attend(
-            q, load_block, row_pos, first_pos, context_len, 0, num_blocks, scale=scale, block_kv=block_kv
-        )
-        o = acc / jnp.where(l > 0, l, 1.0)[:, None]  # [M, hd]
+        m, l, acc = _attend(q, load_block, row_pos, first_pos, context_len, lo, hi, scale=scale, block_kv=block_kv)
+        o = acc / jnp.where(l > 0, l, 1.0)[:, None]  # [M, hd]; no key (padding row or empty split): 0
         out_token = jnp.where(valid, token, num_tokens)  # [M]; rows past the sequence: past the end
-        _store_rows(o_ref.at[out_token[:, None], head[:, None], cols], o, valid)
+        if num_splits == 1:
+            (o_ref,) = out_refs  # [T, Hq, hd]
+            _store_rows(o_ref.at[out_token[:, None], head[:, None], cols], o, valid)
+        else:  # row split * T + token of the parts; rows past the sequence: past the end
+            o_part_ref, lse_ref = out_refs  # [splits * T, Hq, hd], [splits * T, Hq] fp32
+            part_row = jnp.where(valid, split * num_tokens + token, num_splits * num_tokens)  # [M]
+            _store_rows(o_part_ref.at[part_row[:, None], head[:, None], cols], o, valid)
+            lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)  # [M]
+            plgpu.store(lse_ref.at[part_row, head], lse, mask=valid)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "num_warps", "num_stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "block_q", "block_kv", "num_splits", "num_warps", "num_stages",
+                                             "interpret"))
 def paged_prefill_attention(
     q: jax.Array,  # [T, Hq, hd]
     k_pages: jax.Array,  # [P, page_size, Hkv, hd]
@@ -481,6 +492,7 @@ def paged_prefill_attention(
     scale: float,
     block_q: int | None = None,
     block_kv: int | None = None,
+    num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
     interpret: bool = False,
@@ -491,6 +503,9 @@ def paged_prefill_attention(
     None: `tiles.PREFILL`'s wide tiles (128 rows, 8 warps) where they give its waves of programs per SM, else
     its narrow ones (64, 4 warps).
     block_kv: keys per block, power of two >= 16, independent of the page size. Tiles left None: `tiles.PREFILL`'s.
+    num_splits: KV shares per tile, combined by a log-sum-exp weighted sum (a few new tokens over a long cached
+    prefix: one program per tile would walk the whole context alone); None picks enough to give the tiles'
+    rows `tiles.PREFILL`'s split waves of programs, 1 where they already do.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
@@ -506,16 +521,25 @@ def paged_prefill_attention(
     _check_block("block_q", block_q)
     _check_block("block_kv", block_kv)
     num_tiles = num_tokens * group // block_q + num_seqs + 1  # bound on the tiles of S sequences + padding
+    if num_splits is None:  # from the tiles that hold rows (those of a full batch of new tokens)
+        row_programs = max(1, num_tokens * group // block_q) * num_kv_heads
+        want = -(-programs(tiles.split_waves) // row_programs)
+        max_blocks = -(-page_tables.shape[1] * page_size // block_kv)
+        num_splits = 1 if want < 2 else max(1, min(next_pow2(want), max_blocks))
     flat = (num_pages * page_size, num_kv_heads, head_dim)
-    kernel = functools.partial(
-        _prefill_kernel, scale=scale, group=group, block_q=block_q, block_kv=block_kv, page_size=page_size
-    )
-    return pl.pallas_call(
+    kernel = functools.partial(_prefill_kernel, scale=scale, group=group, block_q=block_q, block_kv=block_kv,
+                               page_size=page_size, num_splits=num_splits)
+    if num_splits == 1:
+        out_shape = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    else:
+        out_shape = (jax.ShapeDtypeStruct((num_splits * num_tokens, num_q_heads, head_dim), F32),
+                     jax.ShapeDtypeStruct((num_splits * num_tokens, num_q_heads), F32))
+    out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        grid=(num_tiles, num_kv_heads),
+        out_shape=out_shape,
+        grid=(num_tiles, num_kv_heads, num_splits),
         in_specs=[pl.no_block_spec] * 6,
-        out_specs=pl.no_block_spec,
+        out_specs=pl.no_block_spec if num_splits == 1 else (pl.no_block_spec,) * 2,
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=tiles.num_stages),
         name="paged_prefill_attention",
@@ -527,6 +551,15 @@ def paged_prefill_attention(
         k_pages.reshape(flat),
         v_pages.reshape(flat),
     )
+    if num_splits == 1:
+        return out
+    o_part = out[0].reshape(num_splits, *q.shape)  # [splits, T, Hq, hd]
+    lse = out[1].reshape(num_splits, num_tokens, num_q_heads)  # [splits, T, Hq]
+    m = jnp.max(lse, axis=0)  # [T, Hq]
+    w = jnp.exp(lse - jnp.where(jnp.isfinite(m), m, 0.0))  # [splits, T, Hq]; empty splits weigh 0
+    denom = jnp.sum(w, axis=0)  # [T, Hq]
+    o = jnp.einsum("sth,sthd->thd", w, o_part) / jnp.where(denom > 0, denom, 1.0)[..., None]
+    return o.astype(q.dtype)
 
 
 def _write_kv_kernel(slot_ref, k_new_ref, v_new_ref, k_in_ref, v_in_ref, k_ref, v_ref):

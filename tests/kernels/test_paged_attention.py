@@ -302,6 +302,10 @@ PREFILL_CASES = [  # q_lens, prefix_lens, group, Hkv, head_dim, page_size, dtype
     ([3, 17, 1], [21, 0, 64], 2, 2, 256, 16, jnp.float32, dict(block_q=16, block_kv=16)),
     ([3, 17, 1], [21, 0, 64], 4, 1, 256, 32, jnp.bfloat16, dict(block_q=32, block_kv=16)),
     ([9, 30], [0, 13], 6, 1, 16, 8, jnp.float32, dict(block_q=16, block_kv=16)),  # 27B's group
+    # KV splits: a few new tokens over long cached prefixes, splits with no block, the split waves' choice
+    ([4, 16], [150, 90], 4, 2, 16, 16, jnp.float32, dict(block_q=16, block_kv=16, num_splits=3)),
+    ([1, 5, 0], [200, 0, 40], 2, 1, 256, 8, jnp.bfloat16, dict(block_q=16, block_kv=16, num_splits=8)),
+    ([16], [300], 4, 1, 16, 16, jnp.float32, dict(block_q=16, block_kv=16)),
 ]
 
 
