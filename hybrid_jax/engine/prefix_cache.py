@@ -102,14 +102,19 @@ class PrefixCache:
         boundary = end // self.block_size * self.block_size
         return boundary if boundary > start else end
 
-    def reserve_snapshot(self) -> int:
-        """A snapshot id for a state a step is about to write (evicting the least recently used unused block that
-        holds one, with its descendants, when none is free), or 0 when none can be freed. The caller attaches it
-        to a block (`attach_snapshot`) or frees it."""
+    def reserve_snapshot(self, own: list[Block] = ()) -> int:
+        """A snapshot id for a state a step is about to write, or 0 when none can be freed. When none is free it
+        evicts the least recently used unused block that holds one (with its descendants), else drops the
+        shallowest snapshot of ``own`` (the writer's chain) that no other request holds: a prompt with more
+        boundaries than the pool has snapshots keeps its deepest states (what the same prompt sent again and its
+        continuation resume from). The caller attaches the id to a block (`attach_snapshot`) or frees it."""
         if self.snapshots.num_free == 0:
-            if not self.unused_snapshots:
+            if self.unused_snapshots:
+                self._evict(next(iter(self.unused_snapshots)))
+            elif (superseded := next((b for b in own if b.snapshot and b.refs == 1), None)) is not None:
+                self.drop_snapshot(superseded)
+            else:
                 return 0
-            self._evict(next(iter(self.unused_snapshots)))
         return self.snapshots.allocate(1)[0]
 
     def attach_snapshot(self, block: Block, snapshot: int) -> bool:

@@ -297,23 +297,23 @@ class Scheduler:
             end = min(prompt_len, start + budget)
             if self.prefix is not None:
                 end = self.prefix.chunk_end(start, start + budget, prompt_len)
-                r.snapshot_plan = self._plan_snapshots(start, end, prompt_len)
+                r.snapshot_plan = self._plan_snapshots(r, start, end)
             if end <= start:
                 break
             chunks.append((r, end - start))
             budget -= end - start
         return chunks
 
-    def _plan_snapshots(self, start: int, end: int, prompt_len: int) -> list[tuple[int, int]]:
-        """The (boundary, snapshot id) states a chunk over prompt positions [start, end) writes: the wanted block
-        boundaries in (start, end] where one of the step's GDN chunks (64 tokens from ``start``) ends, each with a
-        snapshot id reserved (none where no id can be freed)."""
-        b = self.prefix.block_size
+    def _plan_snapshots(self, r: Request, start: int, end: int) -> list[tuple[int, int]]:
+        """The (boundary, snapshot id) states a chunk of ``r`` over prompt positions [start, end) writes: the
+        wanted block boundaries in (start, end] where one of the step's GDN chunks (64 tokens from ``start``)
+        ends, each with a snapshot id reserved (none where no id can be freed)."""
+        b, prompt_len = self.prefix.block_size, len(r.prompt_ids)
         plan = []
         for boundary in range((start // b + 1) * b, end + 1, b):
             at_chunk_end = (boundary - start) % GDN_CHUNK == 0 or boundary == end
             if at_chunk_end and self.prefix.snapshot_wanted(boundary, prompt_len) and (
-                    snapshot := self.prefix.reserve_snapshot()):
+                    snapshot := self.prefix.reserve_snapshot(r.blocks)):
                 plan.append((boundary, snapshot))
         return plan
 

@@ -504,8 +504,8 @@ def paged_prefill_attention(
     its narrow ones (64, 4 warps).
     block_kv: keys per block, power of two >= 16, independent of the page size. Tiles left None: `tiles.PREFILL`'s.
     num_splits: KV shares per tile, combined by a log-sum-exp weighted sum (a few new tokens over a long cached
-    prefix: one program per tile would walk the whole context alone); None picks enough to give the tiles'
-    rows `tiles.PREFILL`'s split waves of programs, 1 where they already do.
+    prefix: one program per tile would walk the whole context alone); None: the largest power of two that keeps
+    the tiles with rows within `tiles.PREFILL`'s split waves of programs (1 where they already fill them).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_pages.shape
@@ -523,9 +523,9 @@ def paged_prefill_attention(
     num_tiles = num_tokens * group // block_q + num_seqs + 1  # bound on the tiles of S sequences + padding
     if num_splits is None:  # from the tiles that hold rows (those of a full batch of new tokens)
         row_programs = max(1, num_tokens * group // block_q) * num_kv_heads
-        want = -(-programs(tiles.split_waves) // row_programs)
+        want = programs(tiles.split_waves) // row_programs
         max_blocks = -(-page_tables.shape[1] * page_size // block_kv)
-        num_splits = 1 if want < 2 else max(1, min(next_pow2(want), max_blocks))
+        num_splits = max(1, min(next_pow2(want + 1) // 2, max_blocks))  # the largest power of two <= want
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     kernel = functools.partial(_prefill_kernel, scale=scale, group=group, block_q=block_q, block_kv=block_kv,
                                page_size=page_size, num_splits=num_splits)

@@ -21,7 +21,8 @@ class DecodeAttentionTiles:
 class PrefillAttentionTiles:
     """(token, q head) rows per program: ``block_q`` on ``num_warps`` when those tiles give ``waves`` programs per
     SM, else ``narrow_block_q`` on ``narrow_num_warps`` (the warps of any block_q below ``block_q``); the KV
-    is split until the tiles with rows reach ``split_waves`` programs per SM."""
+    is split while the tiles with rows stay within ``split_waves`` programs per SM (`scripts/bench_kernels.py
+    --prefill-sweep`; BENCHMARKS)."""
     block_q: int
     num_warps: int
     narrow_block_q: int
@@ -39,5 +40,5 @@ DECODE: TileTable[DecodeAttentionTiles] = TileTable(
 PREFILL: TileTable[PrefillAttentionTiles] = TileTable(
     measured={H200: {}},
     default=PrefillAttentionTiles(block_q=128, num_warps=8, narrow_block_q=64, narrow_num_warps=4, block_kv=64,
-                                  num_stages=2, waves=2, split_waves=2),
+                                  num_stages=2, waves=2, split_waves=1),
 )

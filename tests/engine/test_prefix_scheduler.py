@@ -185,6 +185,26 @@ def test_snapshots_run_short_and_evict_unused_blocks():
     assert sum(1 for b in s.prefix.blocks.values() if b.snapshot) == 2
 
 
+def test_a_prompt_with_more_boundaries_than_snapshots_keeps_its_deepest():
+    """Six boundaries, two snapshots: the prompt's later states supersede its earlier ones, so the prompt sent
+    again resumes at its last boundary; a snapshot another request holds is never dropped."""
+    s = make(snapshots=2, max_model_len=512)
+    base = prompt(400)
+    run(s, request("a", base))
+    assert [b.snapshot > 0 for b in s.prefix.match(base)] == [False] * 4 + [True, True]
+    assert len(s.prefix.hit(base)) == 6  # resumes at 384 of 400
+    s = make(snapshots=3, max_model_len=512)
+    shared = request("shared", base[:130], max_tokens=8)  # holds two blocks and their snapshots while b prefills
+    s.put(shared)
+    s.take_arrivals(block=False)
+    step(s)
+    b = request("b", base[:128] + prompt(272, seed=3))
+    run(s, b)
+    assert all(block.snapshot for block in s.prefix.match(base[:128]))  # held by "shared": kept
+    assert sum(1 for block in s.prefix.blocks.values() if block.snapshot) == 3
+    assert len(s.prefix.hit(b.prompt_ids)) == 6
+
+
 def test_evicted_blocks_move_to_the_host_tier_and_come_back_on_a_hit():
     s = make(pages=20, slots=1, snapshots=4, stride=2, host_blocks=100)
     a, b = request("a", prompt(256)), request("b", prompt(256, seed=1))
