@@ -11,25 +11,44 @@ import tempfile
 import jax
 
 
-def device_kernels(trace_dir: str, calls: int = 1) -> list[dict]:
-    """The device-stream events of the one trace under ``trace_dir``, summed per kernel name and divided by
-    ``calls``: [{"name", "count", "us"}], longest first."""
+def device_events(trace_dir: str) -> list[tuple[str, float, float]]:
+    """The device-stream events of the one trace under ``trace_dir``: (kernel name, start us, duration us), in
+    start order."""
     (path,) = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
     with gzip.open(path) as f:
         events = json.load(f)["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e["name"] == "thread_name"}
+    kernels = [(e["name"], float(e["ts"]), float(e["dur"])) for e in events
+               if e.get("ph") == "X" and "GPU" in processes.get(e["pid"], "")
+               and "Stream" in threads.get((e["pid"], e["tid"]), "")]
+    return sorted(kernels, key=lambda k: k[1])
+
+
+def device_kernels(trace_dir: str, calls: int = 1) -> list[dict]:
+    """The device-stream events of the one trace under ``trace_dir``, summed per kernel name and divided by
+    ``calls``: [{"name", "count", "us"}], longest first."""
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for e in events:
-        if e.get("ph") != "X" or "GPU" not in processes.get(e["pid"], ""):
-            continue
-        if "Stream" not in threads.get((e["pid"], e["tid"]), ""):
-            continue
-        totals[e["name"]][0] += 1
-        totals[e["name"]][1] += e["dur"]
+    for name, _, duration in device_events(trace_dir):
+        totals[name][0] += 1
+        totals[name][1] += duration
     rows = [{"name": k, "count": c / calls, "us": t / calls} for k, (c, t) in totals.items()]
     return sorted(rows, key=lambda r: -r["us"])
+
+
+def busy_spans(events: list[tuple[str, float, float]], gap_us: float) -> list[tuple[float, float]]:
+    """(span us, kernel us) of each run of ``events`` (`device_events`) without an idle gap over ``gap_us``: the
+    device's wall time on one piece of work, and how much of it kernels filled."""
+    spans: list[list[float]] = []
+    end = None
+    for _, start, duration in events:
+        if end is None or start - end > gap_us:
+            spans.append([start, start, 0.0])
+        spans[-1][1] = max(spans[-1][1], start + duration)
+        spans[-1][2] += duration
+        end = spans[-1][1]
+    return [(stop - start, busy) for start, stop, busy in spans]
 
 
 def trace_kernels(fn, *args, calls: int = 5) -> list[dict]:

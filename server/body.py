@@ -17,6 +17,7 @@ from server.errors import APIError, bad_request
 
 MAX_DEPTH = 64  # nesting levels of arrays and objects (an OpenAI body needs about six)
 READ_BYTES = 1 << 20
+SCALARS = {int, float, bool, type(None)}  # JSON values that hold no text and do not nest
 
 
 def read_body(request: Request, max_bytes: int) -> bytes:
@@ -52,7 +53,8 @@ def _problem(value: Any, depth: int = 1) -> str | None:
             if depth > MAX_DEPTH:
                 return f"is nested more than {MAX_DEPTH} levels deep"
             children = item.values() if isinstance(item, dict) else item
-            # Only what can hold text or nest (a 16K-token prompt is 16K numbers: none pushed).
+            if set(map(type, children)) <= SCALARS:  # a prompt's token ids: checked in C, none pushed
+                children = ()
             stack.extend((child, depth + 1) for child in children if isinstance(child, (str, list, dict)))
             if isinstance(item, dict):
                 stack.extend((key, depth) for key in item)

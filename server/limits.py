@@ -52,7 +52,7 @@ def fit_max_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int, 
 
 
 def check_token_ids(ids: list[int], tokenizer: Tokenizer, field: str) -> list[int]:
-    if not all(0 <= t < tokenizer.vocab_size for t in ids):
+    if ids and (min(ids) < 0 or max(ids) >= tokenizer.vocab_size):
         raise bad_request(f"{field}: token ids must be in [0, {tokenizer.vocab_size})", field)
     return ids
 

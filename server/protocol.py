@@ -23,6 +23,11 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 MAX_CHOICES = 256  # prompts x n of one request (each choice is an engine request with a forwarding thread)
 
 
+def all_ints(values: list) -> bool:
+    """Every value is an int (not a bool): one scan of their types in C."""
+    return set(map(type, values)) <= {int}
+
+
 class Reader:
     """Typed, optional access to the fields of a JSON object body."""
 
@@ -70,7 +75,7 @@ class Reader:
 
     def integers(self, name: str) -> list[int]:
         values = self.array(name, [])
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if not all_ints(values):
             raise bad_request(f"{name}: must be an array of integers", name)
         return values
 
@@ -209,7 +214,7 @@ def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: in
 def _prompts(value: Any) -> list[str | list[int]]:
     """A completions prompt: a string, token ids, or a non-empty array of either (a batch)."""
     def token_ids(v: Any) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+        return isinstance(v, list) and bool(v) and all_ints(v)
 
     if isinstance(value, str):
         return [value]

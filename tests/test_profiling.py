@@ -3,7 +3,7 @@
 import gzip
 import json
 
-from hybrid_jax.profiling import device_kernels
+from hybrid_jax.profiling import busy_spans, device_events, device_kernels
 
 
 def test_sums_device_stream_events_per_kernel(tmp_path):
@@ -26,3 +26,8 @@ def test_sums_device_stream_events_per_kernel(tmp_path):
         json.dump({"traceEvents": meta + spans}, f)
     rows = device_kernels(str(tmp_path), calls=2)
     assert rows == [{"name": "gemv", "count": 1.0, "us": 12.0}, {"name": "fusion_3", "count": 0.5, "us": 1.0}]
+    # Idle gaps of 10 and 6 us between the three kernels: one span when 12 us is allowed, two when 8 us is.
+    events = device_events(str(tmp_path))
+    assert [name for name, _, _ in events] == ["gemv", "gemv", "fusion_3"]
+    assert busy_spans(events, gap_us=12) == [(42.0, 26.0)]
+    assert busy_spans(events, gap_us=8) == [(10.0, 10.0), (22.0, 16.0)]

@@ -81,7 +81,7 @@ class Engine:
         vocab = self.runner.model.config.vocab_size
         if not prompt_ids:
             raise ValueError("prompt: must contain at least one token")
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt: token ids must be in [0, {vocab})")
         self._check_token_ids(params)
         stops = self._min_tokens_stops(params)

@@ -5,8 +5,9 @@ shapes, prefix caching on.
 
 Each prompt (random token ids) is sent once cold, then ``--repeats`` times again, one at a time, max_tokens 1:
 each repeat resumes at the last block boundary before its last token. For each length the table gives the cold
-TTFT and the repeats' p50 (submit to the first token's event), the device time of one repeat (its kernels in a
-profiler trace) and the repeats' longest kernels.
+TTFT and the repeats' p50 (submit to the first token's event), the kernel time of one repeat (in a profiler
+trace), each traced repeat's busy spans on the device (first kernel to last, without a 1 ms idle gap) and the
+repeats' longest kernels.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.profiling import device_kernels
+from hybrid_jax.profiling import busy_spans, device_events, device_kernels
 
 PARAMS = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
@@ -56,12 +57,17 @@ def main() -> None:
         warm = [ttft(engine, prompt) for _ in range(args.repeats)]
         trace_dir = tempfile.mkdtemp(prefix="ttft_trace_")
         jax.profiler.start_trace(trace_dir)
-        traced = [ttft(engine, prompt) for _ in range(args.repeats)]
+        traced = []
+        for _ in range(args.repeats):
+            traced.append(ttft(engine, prompt))
+            time.sleep(0.1)
         jax.profiler.stop_trace()
         kernels = device_kernels(trace_dir, args.repeats)
+        spans = busy_spans(device_events(trace_dir), gap_us=1000)  # the requests run ~100 ms apart
         rows.append({"prompt_len": length, "cold_ms": 1e3 * cold, "warm_p50_ms": 1e3 * statistics.median(warm),
                      "warm_traced_p50_ms": 1e3 * statistics.median(traced),
-                     "device_ms": sum(k["us"] for k in kernels) / 1e3, "top": kernels[: args.top]})
+                     "device_ms": sum(k["us"] for k in kernels) / 1e3,
+                     "span_ms": [round(span / 1e3, 2) for span, _ in spans], "top": kernels[: args.top]})
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
             "size": args.size, "weights": "random at real shapes", "stats": engine.stats()}
@@ -69,9 +75,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"\n{meta['device']} {args.size}")
-    print(f"{'prompt':>7} {'cold ms':>9} {'warm ms':>9} {'device ms':>10}")
+    print(f"{'prompt':>7} {'cold ms':>9} {'warm ms':>9} {'kernels ms':>11} {'busy spans ms':>14}")
     for r in rows:
-        print(f"{r['prompt_len']:7d} {r['cold_ms']:9.1f} {r['warm_p50_ms']:9.1f} {r['device_ms']:10.2f}")
+        print(f"{r['prompt_len']:7d} {r['cold_ms']:9.1f} {r['warm_p50_ms']:9.1f} {r['device_ms']:11.2f} "
+              f"{r['span_ms']}")
     for r in rows:
         print(f"{r['prompt_len']}: " + ", ".join(f"{k['name'][:40]} {k['us']:.0f} us x{k['count']:.0f}"
                                                   for k in r["top"]))
