@@ -3,9 +3,13 @@ written back, `GROUP` blocks a call, and snapshots, one a call, by four small pr
 most of a block's copy, hence the groups (BENCHMARKS, host-tier copies). Pages move inside their programs (the
 outputs or inputs live in host memory); a snapshot's rows move by `jax.device_put` beside a device-only
 program, several times faster than a program whose outputs live in host memory (BENCHMARKS). Copies are queued in
-the order of the moves; the host does not wait for them."""
+the order of the moves; the engine thread does not wait for them: a snapshot's `device_put` to host memory
+returns only once the device has reached it, so it runs on a copy thread, from the rows the device-only program
+gathered (a buffer of their own: later writes to the snapshot pool cannot reach them)."""
 
 from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -54,6 +58,7 @@ class HostMoves:
 
     def __init__(self, placement: Placement, pages_per_block: int):
         self.pages_per_block = pages_per_block
+        self._copies = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-host-copies")  # snapshots out, in order
         # Program keys: (name, rows copied).
         self.keys = (("host_read_pages", pages_per_block * GROUP), ("host_write_pages", pages_per_block * GROUP),
                      ("host_read_snapshot", 1), ("host_write_snapshot", 1))
@@ -111,11 +116,18 @@ class HostMoves:
         rows = jax.device_put(rows, self.device_rows)
         return pools, program(write_snapshot_key)(snapshots, snapshot_ids, rows)
 
+    @staticmethod
+    def host_data(block) -> tuple:
+        """A host block's (pages, snapshot rows or None) in host memory, once its copy out is done (waits)."""
+        pages, rows = block.data
+        return pages, rows.result() if isinstance(rows, Future) else rows
+
     def run(self, moves: list[Move], program, pools: dict, snapshots: dict) -> tuple[dict, dict]:
         """Queue ``moves``' copies in order (``program(key)``: the built program); returns the new pools and
-        snapshots. A copy out leaves its data in host memory on the block (``block.data``: its pages, its snapshot's
-        rows or None); copies in read it from there. Pages move `GROUP` blocks a call: a group of one direction is
-        flushed before a move of the other, so no copy passes one that reads or writes the same pages."""
+        snapshots. A copy out leaves its data on the block (``block.data``: its pages in host memory and its
+        snapshot's rows, None or the copy thread's future of them: `host_data`); copies in read it from there.
+        Pages move `GROUP` blocks a call: a group of one direction is flushed before a move of the other, so no
+        copy passes one that reads or writes the same pages."""
         read_pages_key, write_pages_key, read_snapshot_key, write_snapshot_key = self.keys
         group: list[tuple[Move, object]] = []  # (move, its snapshot's rows read out or None)
 
@@ -140,11 +152,12 @@ class HostMoves:
                 pools = flush(pools)
             rows = None
             if move.direction == "out" and move.snapshot:
-                rows = jax.device_put(program(read_snapshot_key)(snapshots, np.asarray([move.snapshot], np.int32)),
-                                      self.host_rows)
+                gathered = program(read_snapshot_key)(snapshots, np.asarray([move.snapshot], np.int32))
+                rows = self._copies.submit(jax.device_put, gathered, self.host_rows)
             elif move.snapshot:
                 snapshots = program(write_snapshot_key)(snapshots, np.asarray([move.snapshot], np.int32),
-                                                        jax.device_put(move.block.data[1], self.device_rows))
+                                                        jax.device_put(self.host_data(move.block)[1],
+                                                                       self.device_rows))
             group.append((move, rows))
             if len(group) == GROUP:
                 pools = flush(pools)

@@ -25,7 +25,7 @@ class HostBlock:
     key: tuple  # (parent block id, tokens of the block), as on the device
     snapshot: bool  # whether it holds a snapshot (data[1])
     nbytes: int
-    data: Any = None  # (pages, snapshot or None) in host memory, set by the runner when it queues the copy out
+    data: Any = None  # (pages, snapshot rows) set by the runner when it queues the copy out (`HostMoves.host_data`)
     children: set[int] = field(default_factory=set)  # host blocks whose parent this is
 
 

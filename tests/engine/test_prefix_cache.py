@@ -152,7 +152,8 @@ def test_evicted_blocks_come_back_from_the_host_tier(three_off, tp):
     assert engine.scheduler.counters["prefix_cache_host_hits"] == 3 * 192
     stats = engine.stats()
     assert stats["pages_used"] == 0 and stats["slots_used"] == 0 and stats["host_blocks"] > 0
-    kept = [leaf for block in engine.scheduler.prefix.host.blocks.values() for leaf in jax.tree.leaves(block.data)]
+    kept = [leaf for block in engine.scheduler.prefix.host.blocks.values()
+            for leaf in jax.tree.leaves(engine.runner.host_moves.host_data(block))]
     assert kept and {leaf.sharding.memory_kind for leaf in kept} == {"pinned_host"}
     runner = engine.runner  # the GPU warm-up's run of the copies: the null page and snapshot out and back
     before = jax.device_get((runner.pools, runner.snapshots))
