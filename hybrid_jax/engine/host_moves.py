@@ -1,15 +1,17 @@
 """The host tier's copies (see `host_tier`): blocks' KV pages read out of the pools into host memory (pinned) and
 written back, `GROUP` blocks a call, and snapshots, one a call, by four small programs. A call's fixed cost is
-most of a block's copy, hence the groups (BENCHMARKS, host-tier copies). Pages move inside their programs (the
-outputs or inputs live in host memory); a snapshot's rows move by `jax.device_put` beside a device-only
-program, several times faster than a program whose outputs live in host memory (BENCHMARKS). Copies are queued in
-the order of the moves; the engine thread does not wait for them: a snapshot's `device_put` to host memory
-returns only once the device has reached it, so it runs on a copy thread, from the rows the device-only program
-gathered (a buffer of their own: later writes to the snapshot pool cannot reach them)."""
+most of a block's copy, hence the groups (BENCHMARKS, host-tier copies). Going out, a device-only program gathers
+the pages or the snapshot's rows into buffers of their own (later writes to the pools cannot reach them) and a
+copy thread moves those to host memory by `jax.device_put`: a copy to host memory, by `device_put` or by a
+program whose outputs live there, returns only once the device has reached it, which would hold the engine
+thread behind the device's queue. Coming back, pages are written by a program whose inputs live in host memory,
+a snapshot by `device_put` to the device beside a device-only scatter (BENCHMARKS). Device calls are queued in
+the order of the moves."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -53,12 +55,22 @@ def write_snapshot(snapshots: dict, snapshot_ids: jax.Array, rows: dict) -> dict
     return jax.tree.map(lambda pool, row: pool.at[snapshot_ids].set(row), snapshots, rows)
 
 
+class GroupPart(NamedTuple):
+    """Block ``index`` of a group of pages on its way to host memory (the copy thread's future of the group)."""
+
+    group: Future
+    index: int
+
+    def result(self) -> list[dict]:
+        return self.group.result()[self.index]
+
+
 class HostMoves:
     """The four programs' specs for the engine's `Programs`, and the copies of a queue of moves."""
 
     def __init__(self, placement: Placement, pages_per_block: int):
         self.pages_per_block = pages_per_block
-        self._copies = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-host-copies")  # snapshots out, in order
+        self._copies = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-host-copies")  # the copies out, in order
         # Program keys: (name, rows copied).
         self.keys = (("host_read_pages", pages_per_block * GROUP), ("host_write_pages", pages_per_block * GROUP),
                      ("host_read_snapshot", 1), ("host_write_snapshot", 1))
@@ -80,15 +92,16 @@ class HostMoves:
         self.row_shapes = shape(self.snapshot_shapes, 1, snapshots)  # a snapshot's, on the device
         self.host_rows, self.device_rows = host(snapshots), snapshots
         group = [pages] * GROUP
+        self.host_group = host(group)
 
         def read_group(pools, page_ids):
-            return jax.device_put(read_pages(pools, page_ids, GROUP), host(group))
+            return read_pages(pools, page_ids, GROUP)
 
         def write_group(pools, page_ids, blocks):
             return write_pages(pools, page_ids, jax.device_put(blocks, group))
 
         self.jitted = dict(zip(self.keys, (
-            jax.jit(read_group, in_shardings=(pools, batch), out_shardings=host(group)),
+            jax.jit(read_group, in_shardings=(pools, batch), out_shardings=group),
             jax.jit(write_group, donate_argnums=0, in_shardings=(pools, batch, host(group)), out_shardings=pools),
             jax.jit(read_snapshot, in_shardings=(snapshots, batch), out_shardings=snapshots),
             jax.jit(write_snapshot, donate_argnums=0, in_shardings=(snapshots, batch, snapshots),
@@ -110,7 +123,7 @@ class HostMoves:
         """Run the four programs once (the warm-up): the null page and snapshot out and back, unchanged."""
         read_pages_key, write_pages_key, read_snapshot_key, write_snapshot_key = self.keys
         page_ids, snapshot_ids = np.zeros(read_pages_key[1], np.int32), np.zeros(1, np.int32)
-        blocks = program(read_pages_key)(pools, page_ids)
+        blocks = jax.device_put(program(read_pages_key)(pools, page_ids), self.host_group)
         rows = jax.device_put(program(read_snapshot_key)(snapshots, snapshot_ids), self.host_rows)
         pools = program(write_pages_key)(pools, page_ids, blocks)
         rows = jax.device_put(rows, self.device_rows)
@@ -118,14 +131,13 @@ class HostMoves:
 
     @staticmethod
     def host_data(block) -> tuple:
-        """A host block's (pages, snapshot rows or None) in host memory, once its copy out is done (waits)."""
-        pages, rows = block.data
-        return pages, rows.result() if isinstance(rows, Future) else rows
+        """A host block's (pages, snapshot rows or None) in host memory, once its copies out are done (waits)."""
+        return tuple(part.result() if isinstance(part, Future | GroupPart) else part for part in block.data)
 
     def run(self, moves: list[Move], program, pools: dict, snapshots: dict) -> tuple[dict, dict]:
         """Queue ``moves``' copies in order (``program(key)``: the built program); returns the new pools and
-        snapshots. A copy out leaves its data on the block (``block.data``: its pages in host memory and its
-        snapshot's rows, None or the copy thread's future of them: `host_data`); copies in read it from there.
+        snapshots. A copy out leaves its data on the block (``block.data``: the copy thread's futures of its pages
+        and of its snapshot's rows, or None: `host_data`); copies in read it from there.
         Pages move `GROUP` blocks a call: a group of one direction is flushed before a move of the other, so no
         copy passes one that reads or writes the same pages."""
         read_pages_key, write_pages_key, read_snapshot_key, write_snapshot_key = self.keys
@@ -138,11 +150,12 @@ class HostMoves:
 
         def flush(pools: dict) -> dict:
             if group and group[0][0].direction == "out":
-                blocks = program(read_pages_key)(pools, page_ids())
-                for (move, rows), pages in zip(group, blocks[: len(group)], strict=True):
-                    move.block.data = pages, rows
+                gathered = program(read_pages_key)(pools, page_ids())[: len(group)]
+                copied = self._copies.submit(jax.device_put, gathered, self.host_group[: len(group)])
+                for index, (move, rows) in enumerate(group):
+                    move.block.data = GroupPart(copied, index), rows
             elif group:
-                blocks = [m.block.data[0] for m, _ in group]
+                blocks = [self.host_data(m.block)[0] for m, _ in group]
                 pools = program(write_pages_key)(pools, page_ids(), blocks + blocks[:1] * (GROUP - len(blocks)))
             group.clear()
             return pools
