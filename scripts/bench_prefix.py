@@ -1,7 +1,7 @@
 """Prefix caching against any OpenAI-compatible server (ours or vLLM); print a markdown table per scenario, write JSON.
 
     python scripts/bench_prefix.py --base-url http://127.0.0.1:8000 [--model NAME] \
-        [--scenarios cold-warm chat shared-system host] [--lengths 256 1024 ...] [--reset-prefix-cache] \
+        [--scenarios cold-warm repeat chat shared-system host] [--lengths 256 1024 ...] [--reset-prefix-cache] \
         [--out bench_prefix.json]
 
 Scenarios (all streamed, greedy; TTFT is the time to the first chunk that carries output: text, reasoning, a
@@ -16,6 +16,11 @@ null where it omits them, as vLLM does without ``--enable-prompt-tokens-details`
   prompt's last token is always computed, and a hybrid model resumes only from a cached state snapshot, so
   the identical prompt can hit fewer tokens than the prefix + suffix one (ours: up to the last 64-token block
   boundary before the prompt's last token).
+- ``repeat``: per prefix length, a prompt of fresh random ids sent once, then ``--repeats`` times again, one at a
+  time (max_tokens 1): the warm TTFT's p50 and spread as the client sees it, against the server's own mean
+  TTFT over the repeats (from arrival to the first token: the ``vllm:time_to_first_token_seconds`` histogram's
+  sum and count on /metrics, null where the server has none). The difference is the request's way in and out:
+  the client's and the server's JSON, HTTP, and the server's checks before arrival.
 - ``chat``: a multi-turn conversation on /v1/chat/completions: a system prompt of random words, each turn a
   user message of random words and 128 tokens answered with ignore_eos; the answer's content joins the messages.
   ``--chat-think-s`` waits that long before each next turn (a person reading the answer). Per turn: TTFT,
@@ -45,7 +50,8 @@ import time
 
 import numpy as np
 
-SCENARIOS = ("cold-warm", "chat", "shared-system", "host")
+SCENARIOS = ("cold-warm", "repeat", "chat", "shared-system", "host")
+TTFT_METRIC = "vllm:time_to_first_token_seconds"
 NEW_SUFFIX = 64  # new ids after a cached prefix (cold-warm's third request)
 # Common English words, about one token each with their leading space, for the chat's text.
 WORD_TEXT = ("time year people way day man thing woman life child world school state family student group country "
@@ -93,6 +99,19 @@ def ms(result: dict) -> float | None:
     return result["ttft"] * 1e3 if "ttft" in result else None
 
 
+def histogram_totals(text: str, name: str) -> tuple[float, float] | None:
+    """(sum, count) of the Prometheus histogram ``name`` in a /metrics page (summed over its label sets), or None
+    when the page has none."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    found = False
+    for line in text.splitlines():
+        for suffix in totals:
+            if line.startswith(name + suffix + "{") or line.startswith(name + suffix + " "):
+                totals[suffix] += float(line.rsplit(" ", 1)[1])
+                found = True
+    return (totals["_sum"], totals["_count"]) if found else None
+
+
 def markdown_table(rows: list[dict], cols: tuple[str, ...]) -> str:
     cell = lambda v: "null" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
@@ -122,6 +141,11 @@ class Server:
         async with self.session.get(self.base_url + "/v1/models") as resp:
             resp.raise_for_status()
             return (await resp.json())["data"]
+
+    async def ttft_totals(self) -> tuple[float, float] | None:
+        """The server's (sum s, count) of its TTFT histogram, or None where /metrics lacks one."""
+        async with self.session.get(self.base_url + "/metrics") as resp:
+            return histogram_totals(await resp.text(), TTFT_METRIC) if resp.status == 200 else None
 
     async def reset_prefix_cache(self) -> bool:
         """POST /reset_prefix_cache; False where the server has none (404)."""
@@ -187,6 +211,27 @@ async def cold_warm(server: Server, args, rng) -> dict:
         print(json.dumps(rows[-1]), flush=True)
     return {"rows": rows, "note": f"cold / warm: the same prompt twice; suffix: the prefix + {NEW_SUFFIX} new ids; "
                                   "max_tokens 1"}
+
+
+async def repeat(server: Server, args, rng) -> dict:
+    rows = []
+    for length in fitted(args.lengths, args.max_model_len, 1):
+        prompt = rng.integers(0, args.vocab, length).tolist()
+        first = await server.complete(prompt, 1)
+        before = await server.ttft_totals()
+        results = [await server.complete(prompt, 1) for _ in range(args.repeats)]
+        after = await server.ttft_totals()
+        ttft = [ms(r) for r in results if "ttft" in r]
+        errors = [r["error"] for r in [first, *results] if "error" in r]
+        counted = after[1] - before[1] if before and after else 0
+        p50, low, high = (float(np.percentile(ttft, q)) for q in (50, 0, 100)) if ttft else (None,) * 3
+        rows.append({"prefix_len": length, "cached": results[-1].get("cached_tokens"), "client_p50_ms": p50,
+                     "client_min_ms": low, "client_max_ms": high,
+                     "server_mean_ms": 1e3 * (after[0] - before[0]) / counted if counted else None,
+                     "error": errors[0] if errors else None})
+        print(json.dumps(rows[-1]), flush=True)
+    return {"rows": rows, "note": f"each prompt sent once, then {args.repeats} times again (max_tokens 1); server: "
+                                  f"its {TTFT_METRIC} over the repeats"}
 
 
 async def chat(server: Server, args, rng) -> dict:
@@ -268,6 +313,8 @@ async def host(server: Server, args, rng) -> dict:
 
 RUNS = {"cold-warm": (cold_warm, ("prefix_len", "cold_ttft_ms", "warm_ttft_ms", "suffix_ttft_ms", "cold_cached",
                                   "warm_cached", "suffix_cached", "speedup", "error")),
+        "repeat": (repeat, ("prefix_len", "cached", "client_p50_ms", "client_min_ms", "client_max_ms",
+                            "server_mean_ms", "error")),
         "chat": (chat, ("turn", "ttft_ms", "prompt_tokens", "cached_tokens", "completion_tokens", "error")),
         "shared-system": (shared_system, ("prefix_len", "suffix_len", "concurrency", "requests", "errors",
                                           "ttft_p50_ms", "ttft_p99_ms", "req_s", "output_tok_s",
@@ -316,6 +363,7 @@ def main() -> None:
                        help="POST /reset_prefix_cache before each length (and before the host fill)")
     group.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                        help="an unrelated prompt of the same shape before each length and the host fill (default on)")
+    group.add_argument("--repeats", type=int, default=10, help="repeat: sends of each prompt after the first")
     group = parser.add_argument_group("chat")
     group.add_argument("--chat-turns", type=int, default=10)
     group.add_argument("--chat-system-words", type=int, default=500)

@@ -123,3 +123,17 @@ def test_chunk_token_ids_from_return_tokens_as_token_ids():
     assert bench.chunk_token_ids(chunk) == [17, 4]
     assert bench.chunk_token_ids({"choices": [{"text": "a", "logprobs": None}]}) == []
     assert bench.chunk_token_ids({"choices": [], "usage": {}}) == []
+
+
+def test_histogram_totals_from_a_metrics_page():
+    page = "\n".join([
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        'vllm:time_to_first_token_seconds_bucket{le="0.01",model_name="m"} 3.0',
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.25',
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 10.0',
+        'vllm:time_to_first_token_seconds_sum{model_name="other"} 0.5',
+        'vllm:time_to_first_token_seconds_count{model_name="other"} 2.0',
+        'vllm:e2e_request_latency_seconds_sum{model_name="m"} 9.0',
+    ])
+    assert bench.histogram_totals(page, "vllm:time_to_first_token_seconds") == (0.75, 12.0)
+    assert bench.histogram_totals(page, "vllm:request_queue_time_seconds") is None
