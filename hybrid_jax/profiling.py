@@ -37,18 +37,19 @@ def device_kernels(trace_dir: str, calls: int = 1) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us"])
 
 
-def busy_spans(events: list[tuple[str, float, float]], gap_us: float) -> list[tuple[float, float]]:
-    """(span us, kernel us) of each run of ``events`` (`device_events`) without an idle gap over ``gap_us``: the
-    device's wall time on one piece of work, and how much of it kernels filled."""
-    spans: list[list[float]] = []
+def busy_spans(events: list[tuple[str, float, float]], gap_us: float) -> list[tuple[float, float, list[str]]]:
+    """(span us, kernel us, kernel names) of each run of ``events`` (`device_events`) without an idle gap over
+    ``gap_us``: the device's wall time on one piece of work, how much of it kernels filled, and which ran."""
+    spans: list[list] = []
     end = None
-    for _, start, duration in events:
+    for name, start, duration in events:
         if end is None or start - end > gap_us:
-            spans.append([start, start, 0.0])
+            spans.append([start, start, 0.0, []])
         spans[-1][1] = max(spans[-1][1], start + duration)
         spans[-1][2] += duration
+        spans[-1][3].append(name)
         end = spans[-1][1]
-    return [(stop - start, busy) for start, stop, busy in spans]
+    return [(stop - start, busy, names) for start, stop, busy, names in spans]
 
 
 def trace_kernels(fn, *args, calls: int = 5) -> list[dict]:

@@ -29,5 +29,5 @@ def test_sums_device_stream_events_per_kernel(tmp_path):
     # Idle gaps of 10 and 6 us between the three kernels: one span when 12 us is allowed, two when 8 us is.
     events = device_events(str(tmp_path))
     assert [name for name, _, _ in events] == ["gemv", "gemv", "fusion_3"]
-    assert busy_spans(events, gap_us=12) == [(42.0, 26.0)]
-    assert busy_spans(events, gap_us=8) == [(10.0, 10.0), (22.0, 16.0)]
+    assert busy_spans(events, gap_us=12) == [(42.0, 26.0, ["gemv", "gemv", "fusion_3"])]
+    assert busy_spans(events, gap_us=8) == [(10.0, 10.0, ["gemv"]), (22.0, 16.0, ["gemv", "fusion_3"])]

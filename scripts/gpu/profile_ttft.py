@@ -67,7 +67,9 @@ def main() -> None:
         rows.append({"prompt_len": length, "cold_ms": 1e3 * cold, "warm_p50_ms": 1e3 * statistics.median(warm),
                      "warm_traced_p50_ms": 1e3 * statistics.median(traced),
                      "device_ms": sum(k["us"] for k in kernels) / 1e3,
-                     "span_ms": [round(span / 1e3, 2) for span, _ in spans], "top": kernels[: args.top]})
+                     "span_ms": [round(span / 1e3, 2) for span, _, _ in spans], "top": kernels[: args.top],
+                     "spans": [{"ms": span / 1e3, "kernels": len(names), "first": names[:8]}
+                               for span, _, names in spans[-3 * args.repeats:]]})
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
             "size": args.size, "weights": "random at real shapes", "stats": engine.stats()}
@@ -79,6 +81,9 @@ def main() -> None:
     for r in rows:
         print(f"{r['prompt_len']:7d} {r['cold_ms']:9.1f} {r['warm_p50_ms']:9.1f} {r['device_ms']:11.2f} "
               f"{r['span_ms']}")
+    for r in rows:
+        print(f"{r['prompt_len']}, the last traced repeat's spans: " + " | ".join(
+            f"{span['ms']:.2f} ms, {span['kernels']} kernels: {' '.join(span['first'])}" for span in r["spans"][-4:]))
     for r in rows:
         print(f"{r['prompt_len']}: " + ", ".join(f"{k['name'][:40]} {k['us']:.0f} us x{k['count']:.0f}"
                                                   for k in r["top"]))
