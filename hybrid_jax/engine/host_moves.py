@@ -141,7 +141,7 @@ class HostMoves:
         Pages move `GROUP` blocks a call: a group of one direction is flushed before a move of the other, so no
         copy passes one that reads or writes the same pages."""
         read_pages_key, write_pages_key, read_snapshot_key, write_snapshot_key = self.keys
-        group: list[tuple[Move, object]] = []  # (move, its snapshot's rows read out or None)
+        group: list[tuple[Move, object]] = []  # (move, the future of its snapshot's rows, or None)
 
         def page_ids() -> np.ndarray:
             ids = np.zeros((GROUP, self.pages_per_block), np.int32)
