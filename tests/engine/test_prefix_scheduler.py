@@ -247,10 +247,12 @@ def test_a_host_tier_too_small_for_a_block_keeps_nothing():
     assert all(not m.snapshot for m in s.prefix.host.moves)
 
 
-@pytest.mark.parametrize("host_blocks", [0, 12], ids=["device", "with-host-tier"])
-def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for(host_blocks):
+@pytest.mark.parametrize(("host_blocks", "snapshots"), [(0, 6), (12, 6), (0, 2)],
+                         ids=["device", "with-host-tier", "few-snapshots"])
+def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for(host_blocks,
+                                                                                               snapshots):
     rng = random.Random(0)
-    s = make(pages=40, slots=4, snapshots=6, stride=2, prefill_chunk=96, host_blocks=host_blocks)
+    s = make(pages=40, slots=4, snapshots=snapshots, stride=2, prefill_chunk=96, host_blocks=host_blocks)
     bases = [prompt(400, seed=i) for i in range(4)]
     pending, output_cached = [], False
     for i in range(300):
