@@ -132,7 +132,7 @@ class HostMoves:
     @staticmethod
     def host_data(block) -> tuple:
         """A host block's (pages, snapshot rows or None) in host memory, once its copies out are done (waits)."""
-        return tuple(part.result() if isinstance(part, Future | GroupPart) else part for part in block.data)
+        return tuple(None if part is None else part.result() for part in block.data)
 
     def run(self, moves: list[Move], program, pools: dict, snapshots: dict) -> tuple[dict, dict]:
         """Queue ``moves``' copies in order (``program(key)``: the built program); returns the new pools and

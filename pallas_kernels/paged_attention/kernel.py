@@ -122,6 +122,15 @@ def _softmax_step(
     return m_new, l, acc * alpha[:, None] + _dot(p.astype(v.dtype), v, contract_b=0)
 
 
+def _combine_splits(o_part: jax.Array, lse: jax.Array, axis: int) -> jax.Array:
+    """The log-sum-exp weighted sum over ``axis`` of KV splits' normalised outputs o_part [..., hd] with their
+    lse [...] (fp32; -inf: the split saw no key, and weighs 0). Returns fp32, the split axis gone."""
+    m = jnp.max(lse, axis=axis, keepdims=True)
+    w = jnp.exp(lse - jnp.where(jnp.isfinite(m), m, 0.0))  # empty splits weigh 0
+    denom = jnp.sum(w, axis=axis)
+    return jnp.sum(w[..., None] * o_part, axis=axis) / jnp.where(denom > 0, denom, 1.0)[..., None]
+
+
 def _attend(q, load_block, row_pos, first_pos, context_len, lo, hi, *, scale: float, block_kv: int):
     """Online softmax of q rows [M, hd] over KV blocks lo..hi-1; row i sees key positions <= row_pos[i] [M].
 
@@ -278,10 +287,7 @@ def paged_decode_attention(
             compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
             name="decode_attention_combine_gate",
         )(lse, o_part, gate)
-    m = jnp.max(lse, axis=2, keepdims=True)  # [B, Hkv, 1, R]
-    w = jnp.exp(lse - jnp.where(jnp.isfinite(m), m, 0.0))  # [B, Hkv, splits, R]; empty splits weigh 0
-    denom = jnp.sum(w, axis=2)  # [B, Hkv, R]
-    o = jnp.einsum("bhsr,bhsrd->bhrd", w, o_part) / jnp.where(denom > 0, denom, 1.0)[..., None]
+    o = _combine_splits(o_part, lse, axis=2)  # [B, Hkv, R, hd]
     return o[:, :, :group].reshape(q.shape).astype(q.dtype)
 
 
@@ -555,11 +561,7 @@ def paged_prefill_attention(
         return out
     o_part = out[0].reshape(num_splits, *q.shape)  # [splits, T, Hq, hd]
     lse = out[1].reshape(num_splits, num_tokens, num_q_heads)  # [splits, T, Hq]
-    m = jnp.max(lse, axis=0)  # [T, Hq]
-    w = jnp.exp(lse - jnp.where(jnp.isfinite(m), m, 0.0))  # [splits, T, Hq]; empty splits weigh 0
-    denom = jnp.sum(w, axis=0)  # [T, Hq]
-    o = jnp.einsum("sth,sthd->thd", w, o_part) / jnp.where(denom > 0, denom, 1.0)[..., None]
-    return o.astype(q.dtype)
+    return _combine_splits(o_part, lse, axis=0).astype(q.dtype)
 
 
 def _write_kv_kernel(slot_ref, k_new_ref, v_new_ref, k_in_ref, v_in_ref, k_ref, v_ref):

@@ -66,10 +66,9 @@ def main() -> None:
         spans = busy_spans(device_events(trace_dir), gap_us=1000)  # the requests run ~100 ms apart
         rows.append({"prompt_len": length, "cold_ms": 1e3 * cold, "warm_p50_ms": 1e3 * statistics.median(warm),
                      "warm_traced_p50_ms": 1e3 * statistics.median(traced),
-                     "device_ms": sum(k["us"] for k in kernels) / 1e3,
-                     "span_ms": [round(span / 1e3, 2) for span, _, _ in spans], "top": kernels[: args.top],
+                     "device_ms": sum(k["us"] for k in kernels) / 1e3, "top": kernels[: args.top],
                      "spans": [{"ms": span / 1e3, "kernels": len(names), "first": names[:8]}
-                               for span, _, names in spans[-3 * args.repeats:]]})
+                               for span, _, names in spans]})
     engine.shutdown()
     meta = {"device": str(jax.devices()[0]), "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
             "size": args.size, "weights": "random at real shapes", "stats": engine.stats()}
@@ -80,7 +79,7 @@ def main() -> None:
     print(f"{'prompt':>7} {'cold ms':>9} {'warm ms':>9} {'kernels ms':>11} {'busy spans ms':>14}")
     for r in rows:
         print(f"{r['prompt_len']:7d} {r['cold_ms']:9.1f} {r['warm_p50_ms']:9.1f} {r['device_ms']:11.2f} "
-              f"{r['span_ms']}")
+              f"{[round(span['ms'], 2) for span in r['spans']]}")
     for r in rows:
         print(f"{r['prompt_len']}, the last traced repeat's spans: " + " | ".join(
             f"{span['ms']:.2f} ms, {span['kernels']} kernels: {' '.join(span['first'])}" for span in r["spans"][-4:]))
