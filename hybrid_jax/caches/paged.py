@@ -84,11 +84,16 @@ def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
     return a if a.shape[0] == rows else jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
 
-def reset_rows(pool, slot_ids, reset):
-    """Zero the pool rows of slots whose request starts now. pool [slots, ...]; reset [S] bool."""
+def reset_rows(pool, slot_ids, reset, snapshots=None, restore_ids=None):
+    """Zero the pool rows of slots whose request starts now and, with ``snapshots`` [snapshots, ...], set those
+    of slots that resume from a snapshot (a prefix cache hit) to it. pool [slots, ...]; slot_ids [S] i32;
+    reset [S] bool; restore_ids [S] i32 (0: none)."""
     rows = pool[slot_ids]
-    mask = reset.reshape(reset.shape + (1,) * (rows.ndim - 1))
-    return pool.at[slot_ids].set(jnp.where(mask, jnp.zeros_like(rows), rows))
+    mask = lambda m: m.reshape(m.shape + (1,) * (rows.ndim - 1))
+    rows = jnp.where(mask(reset), jnp.zeros_like(rows), rows)
+    if snapshots is not None:
+        rows = jnp.where(mask(restore_ids > 0), snapshots[restore_ids].astype(rows.dtype), rows)
+    return pool.at[slot_ids].set(rows)
 
 
 def slot_mapping(page_tables, seq_rows, positions, valid, page_size: int):
@@ -143,16 +148,19 @@ def snapshot_entries(snapshot_ids, cu_seqlens):
 
 class PrefillCache(_Paged):
     """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot. With
-    ``snapshots`` (the snapshot pool's layers) and ``snapshot_ids`` [S, ceil(T / 64)] (see `snapshot_entries`),
-    each GDN layer also writes its conv ring and recurrent state at those boundaries into ``updated_snapshots``."""
+    ``snapshots`` (the snapshot pool's layers), a sequence whose ``restore_ids`` [S] is > 0 starts from that
+    snapshot's GDN state (its first chunk after a prefix cache hit), and with ``snapshot_ids`` [S, ceil(T / 64)]
+    (see `snapshot_entries`) each GDN layer also writes its conv ring and recurrent state at those boundaries
+    into ``updated_snapshots``."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, seq_index, valid, cu_seqlens, slot_ids,
-                 page_tables, context_lens, is_first, snapshots: list[dict] | None = None, snapshot_ids=None):
+                 page_tables, context_lens, is_first, snapshots: list[dict] | None = None, snapshot_ids=None,
+                 restore_ids=None):
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, seq_index, positions, valid, page_size))
         self.seq_index, self.cu_seqlens = seq_index, cu_seqlens
         self.context_lens, self.is_first = context_lens, is_first
-        self.snapshots, self.snapshot_ids = snapshots, snapshot_ids
+        self.snapshots, self.snapshot_ids, self.restore_ids = snapshots, snapshot_ids, restore_ids
         self.updated_snapshots = None if snapshots is None else list(snapshots)
 
     def attend(self, q, k_pages, v_pages, scale):
@@ -161,8 +169,9 @@ class PrefillCache(_Paged):
 
     def linear_attention(self, index, gdn, mixed, b, a):
         n, pool = self.real_rows, self.layers[index]
-        conv_pool = reset_rows(pool["conv"], self.slot_ids, self.is_first)
-        state_pool = reset_rows(pool["state"], self.slot_ids, self.is_first)
+        snap = self.snapshots[index] if self.snapshots is not None else {}
+        conv_pool, state_pool = (reset_rows(pool[k], self.slot_ids, self.is_first, snap.get(k), self.restore_ids)
+                                 for k in ("conv", "state"))
         mixed, b, a = mixed[:n], b[:n], a[:n]
         new_tokens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]  # [S]
         ring = conv_pool[self.slot_ids]  # [S, K, C]
@@ -174,7 +183,6 @@ class PrefillCache(_Paged):
         if self.snapshots is None:
             o, state_pool = self.kernels.gdn_chunk(*args)
         else:
-            snap = self.snapshots[index]
             o, state_pool, snap_state = self.kernels.gdn_chunk_snapshots(*args, self.snapshot_ids, snap["state"])
             snap_conv = self._conv_snapshots(ext, snap["conv"], new_tokens, gdn.kernel)
             self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}

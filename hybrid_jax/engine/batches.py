@@ -57,7 +57,8 @@ def decode_batch(requests: list[Request], size: int, width: int, valid_vocab: in
 def prefill_batch(chunks: list[tuple[Request, int]], size: int, num_seqs: int, width: int,
                   valid_vocab: int) -> PrefillBatch:
     """``n`` more prompt tokens of each (request, n), packed and padded to ``size`` tokens and ``num_seqs``
-    sequences, with the snapshots each request's ``snapshot_plan`` names at the GDN chunks ending there."""
+    sequences, with the snapshots each request's ``snapshot_plan`` names at the GDN chunks ending there and the
+    one it starts from (``restore_from``)."""
     tokens = np.zeros(size, np.int32)
     positions = np.zeros(size, np.int32)
     seq_index = np.zeros(size, np.int32)
@@ -69,6 +70,7 @@ def prefill_batch(chunks: list[tuple[Request, int]], size: int, num_seqs: int, w
     is_first = np.zeros(num_seqs, np.bool_)
     is_last = np.zeros(num_seqs, np.bool_)
     snapshot_ids = np.zeros((num_seqs, -(-size // GDN_CHUNK)), np.int32)
+    restore_ids = np.zeros(num_seqs, np.int32)
     offset = 0
     for s, (r, n) in enumerate(chunks):
         start = r.num_prefilled
@@ -83,9 +85,10 @@ def prefill_batch(chunks: list[tuple[Request, int]], size: int, num_seqs: int, w
         context_lens[s] = start + n
         is_first[s] = start == 0
         is_last[s] = start + n == len(r.prompt_ids)
+        restore_ids[s] = r.restore_from
         for boundary, snapshot in r.snapshot_plan:
             snapshot_ids[s, -(-(boundary - start) // GDN_CHUNK) - 1] = snapshot  # the GDN chunk ending there
     cu[len(chunks) + 1:] = offset
     rows, want_top = sampling_rows([r for r, _ in chunks], num_seqs, valid_vocab)
     return PrefillBatch(tokens, positions, seq_index, valid, cu, slot_ids, page_tables, context_lens,
-                        is_first, is_last, snapshot_ids, rows, want_top)
+                        is_first, is_last, snapshot_ids, restore_ids, rows, want_top)

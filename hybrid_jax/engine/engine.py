@@ -233,7 +233,7 @@ class Engine:
                 s.reset_prefix_cache()
             self._score()
             try:
-                self.runner.restore_snapshots(s.admit())
+                s.admit()
                 if s.prefilling:
                     self._prefill()
                 if s.decoding or self._inflight:

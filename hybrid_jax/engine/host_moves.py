@@ -1,6 +1,7 @@
 """The host tier's copies (see `host_tier`): blocks' KV pages read out of the pools into host memory (pinned) and
 written back, `GROUP` blocks a call, and snapshots, one a call, by four small programs. A call's fixed cost is
-most of a block's copy, hence the groups (BENCHMARKS, host-tier copies). Going out, a device-only program gathers
+most of a block's copy, hence the groups (BENCHMARKS, host-tier copies); in host memory a block is one array
+and a snapshot three, since each array is a copy of its own. Going out, a device-only program gathers
 the pages or the snapshot's rows into buffers of their own (later writes to the pools cannot reach them) and a
 copy thread moves those to host memory by `jax.device_put`: a copy to host memory, by `device_put` or by a
 program whose outputs live there, returns only once the device has reached it, which would hold the engine
@@ -14,8 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from hybrid_jax.engine.host_tier import Move
 from hybrid_jax.engine.placement import Placement
@@ -25,34 +27,50 @@ HOST_MEMORY = "pinned_host"
 GROUP = 16  # blocks a page program copies per call (the moves' blocks, then padding at the null page 0)
 
 
-def read_pages(pools: dict, page_ids: jax.Array, group: int) -> list[list[dict]]:
-    """page_ids [G * P] i32 -> per block, each layer's {"k", "v"} [P, page_size, Hkv, hd] (attention) or {}."""
-    blocks = [[] for _ in range(group)]
+def read_pages(pools: dict, page_ids: jax.Array, group: int) -> list[jax.Array]:
+    """page_ids [G * P] i32 -> per block, its pages of every attention layer in one array [2 A, P, page_size,
+    Hkv, hd] (layer i's k at 2 i, its v at 2 i + 1): one copy to host memory a block."""
+    pages = [layer[k][page_ids] for layer in pools["layers"] if "k" in layer for k in ("k", "v")]  # [G P, ...]
+    stacked = jnp.stack(pages)  # [2 A, G P, page_size, Hkv, hd]
+    return jnp.split(stacked, group, axis=1)
+
+
+def write_pages(pools: dict, page_ids: jax.Array, blocks: list[jax.Array]) -> dict:
+    """The pools with ``blocks`` (G blocks as `read_pages` returns them) written at page_ids [G * P]."""
+    stacked = jnp.concatenate(blocks, axis=1)  # [2 A, G P, ...]
+    layers, index = [], 0
     for layer in pools["layers"]:
-        parts = ({k: jax.numpy.split(layer[k][page_ids], group) for k in ("k", "v")} if "k" in layer else None)
-        for g, block in enumerate(blocks):
-            block.append({k: parts[k][g] for k in parts} if parts else {})
-    return blocks
-
-
-def write_pages(pools: dict, page_ids: jax.Array, blocks: list[list[dict]]) -> dict:
-    """The pools with ``blocks`` (G blocks' pages as `read_pages` returns them) written at page_ids [G * P]."""
-    layers = []
-    for index, layer in enumerate(pools["layers"]):
         if "k" in layer:
-            layer = {k: layer[k].at[page_ids].set(jax.numpy.concatenate([b[index][k] for b in blocks]))
-                     for k in layer}
+            layer = {k: layer[k].at[page_ids].set(stacked[index + i]) for i, k in enumerate(("k", "v"))}
+            index += 2
         layers.append(layer)
     return {**pools, "layers": layers}
 
 
 def read_snapshot(snapshots: dict, snapshot_ids: jax.Array) -> dict:
-    """snapshot_ids [1] i32 -> the snapshot pool's rows there (every leaf [1, ...])."""
-    return jax.tree.map(lambda pool: pool[snapshot_ids], snapshots)
+    """snapshot_ids [1] i32 -> the snapshot pool's rows there as a few arrays: {"conv": [L, 1, K, C], "state":
+    [L, 1, Hv, dk, dv] (the L GDN layers'), "prompt_mask": [1, V]}."""
+    gdn = [layer for layer in snapshots["layers"] if layer]
+    return {**{k: jnp.stack([layer[k][snapshot_ids] for layer in gdn]) for k in ("conv", "state")},
+            "prompt_mask": snapshots["prompt_mask"][snapshot_ids]}
 
 
 def write_snapshot(snapshots: dict, snapshot_ids: jax.Array, rows: dict) -> dict:
-    return jax.tree.map(lambda pool, row: pool.at[snapshot_ids].set(row), snapshots, rows)
+    """The snapshot pool with ``rows`` (as `read_snapshot` returns them) written at snapshot_ids [1]."""
+    layers, index = [], 0
+    for layer in snapshots["layers"]:
+        if layer:
+            layer = {k: layer[k].at[snapshot_ids].set(rows[k][index]) for k in layer}
+            index += 1
+        layers.append(layer)
+    return {"layers": layers, "prompt_mask": snapshots["prompt_mask"].at[snapshot_ids].set(rows["prompt_mask"])}
+
+
+def stacked(sharding):
+    """The sharding of an array stacking arrays of ``sharding`` along a new leading axis."""
+    if isinstance(sharding, NamedSharding):
+        return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+    return sharding
 
 
 class GroupPart(NamedTuple):
@@ -61,7 +79,7 @@ class GroupPart(NamedTuple):
     group: Future
     index: int
 
-    def result(self) -> list[dict]:
+    def result(self) -> jax.Array:
         return self.group.result()[self.index]
 
 
@@ -81,18 +99,28 @@ class HostMoves:
             one = SingleDeviceSharding(placement.devices[0])
             pools, snapshots, batch = (jax.tree.map(lambda _: one, self.pool_shapes),
                                        jax.tree.map(lambda _: one, self.snapshot_shapes), one)
-        pages = [layer if "k" in layer else {} for layer in pools["layers"]]
         host = lambda tree: jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), tree)
         rows = lambda n: jax.ShapeDtypeStruct((n,), np.int32, sharding=batch)
         self.group_ids, self.snapshot_ids = rows(pages_per_block * GROUP), rows(1)
-        shape = lambda tree, n, sh: jax.tree.map(
-            lambda s, h: jax.ShapeDtypeStruct((n, *s.shape[1:]), s.dtype, sharding=h), tree, sh)
-        block_shapes = [layer if "k" in layer else {} for layer in self.pool_shapes["layers"]]
-        self.page_shapes = shape(block_shapes, pages_per_block, host(pages))  # one block's, in host memory
-        self.row_shapes = shape(self.snapshot_shapes, 1, snapshots)  # a snapshot's, on the device
-        self.host_rows, self.device_rows = host(snapshots), snapshots
-        group = [pages] * GROUP
-        self.host_group = host(group)
+        # A block's pages and a snapshot's rows as `read_pages` and `read_snapshot` give them.
+        kv = next(i for i, layer in enumerate(self.pool_shapes["layers"]) if "k" in layer)
+        kv_shape, kv_sharding = self.pool_shapes["layers"][kv]["k"], stacked(pools["layers"][kv]["k"])
+        attention = sum("k" in layer for layer in self.pool_shapes["layers"])
+        block = host(kv_sharding)
+        self.page_shapes = jax.ShapeDtypeStruct((2 * attention, pages_per_block, *kv_shape.shape[1:]),
+                                                kv_shape.dtype, sharding=block)  # one block's, in host memory
+        gdn = next(i for i, layer in enumerate(self.snapshot_shapes["layers"]) if layer)
+        num_gdn = sum(bool(layer) for layer in self.snapshot_shapes["layers"])
+        self.device_rows = {**{k: stacked(snapshots["layers"][gdn][k]) for k in ("conv", "state")},
+                            "prompt_mask": snapshots["prompt_mask"]}
+        row_shape = lambda s, n, h: jax.ShapeDtypeStruct((*n, 1, *s.shape[1:]), s.dtype, sharding=h)
+        gdn_shapes = self.snapshot_shapes["layers"][gdn]
+        self.row_shapes = {**{k: row_shape(gdn_shapes[k], (num_gdn,), self.device_rows[k]) for k in ("conv", "state")},
+                           "prompt_mask": row_shape(self.snapshot_shapes["prompt_mask"], (),
+                                                    self.device_rows["prompt_mask"])}  # a snapshot's, on the device
+        self.host_rows = host(self.device_rows)
+        group = [stacked(pools["layers"][kv]["k"])] * GROUP
+        self.host_group = [block] * GROUP
 
         def read_group(pools, page_ids):
             return read_pages(pools, page_ids, GROUP)
@@ -102,9 +130,9 @@ class HostMoves:
 
         self.jitted = dict(zip(self.keys, (
             jax.jit(read_group, in_shardings=(pools, batch), out_shardings=group),
-            jax.jit(write_group, donate_argnums=0, in_shardings=(pools, batch, host(group)), out_shardings=pools),
-            jax.jit(read_snapshot, in_shardings=(snapshots, batch), out_shardings=snapshots),
-            jax.jit(write_snapshot, donate_argnums=0, in_shardings=(snapshots, batch, snapshots),
+            jax.jit(write_group, donate_argnums=0, in_shardings=(pools, batch, self.host_group), out_shardings=pools),
+            jax.jit(read_snapshot, in_shardings=(snapshots, batch), out_shardings=self.device_rows),
+            jax.jit(write_snapshot, donate_argnums=0, in_shardings=(snapshots, batch, self.device_rows),
                     out_shardings=snapshots),
         ), strict=True))
 

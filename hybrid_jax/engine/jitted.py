@@ -1,5 +1,5 @@
 """The engine's steps jitted once over its model and placement: prefill, decode by variant, the decode forward
-and sample apart, the snapshot restore, the grammar-mask write and the first-token take. Each takes the weights
+and sample apart, the grammar-mask write and the first-token take. Each takes the weights
 as one flat tuple and donates the pools (and a decode call its batch: the next call's inputs, made on the
 device, come back in its buffers)."""
 
@@ -14,6 +14,7 @@ from flax import nnx
 from hybrid_jax.caches.paged import PagedKernels
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.engine.calls import take_first_tokens
+from hybrid_jax.engine.packing import Packed, unpack
 from hybrid_jax.engine.placement import Placement
 from hybrid_jax.engine.sampler import Sampled
 from hybrid_jax.engine.steps import (
@@ -23,7 +24,6 @@ from hybrid_jax.engine.steps import (
     decode_step,
     multi_decode_step,
     prefill_step,
-    restore_snapshots,
     write_grammar_masks,
 )
 
@@ -57,7 +57,7 @@ class JittedSteps:
         step_kw = dict(kernels=PagedKernels(config, mesh), page_size=page_size, valid_vocab=valid_vocab)
         prefill_kw = dict(donate_argnums=(1, 2))  # the pools and the snapshots
         decode_kw = dict(donate_argnums=(1, 2, 3))  # the pools, the snapshots and the batch
-        restore_kw = mask_kw = dict(donate_argnums=0)
+        mask_kw = dict(donate_argnums=0)
         if mesh is not None:
             # Every program's inputs and outputs pinned: the batch and the samples replicated, the pools as planned,
             # so a chained decode call's batch (the previous call's output) has the sharding the warm-up compiled
@@ -67,9 +67,8 @@ class JittedSteps:
                               out_shardings=(batch, pools, snapshots))
             decode_kw = dict(decode_kw, in_shardings=(weight_shardings, pools, snapshots, batch, batch),
                              out_shardings=(batch, batch, pools, snapshots))
-            restore_kw = dict(restore_kw, in_shardings=(pools, snapshots, batch, batch), out_shardings=pools)
             mask_kw = dict(mask_kw, in_shardings=(pools, batch, batch), out_shardings=pools)
-        self.prefill = jax.jit(partial(self._run, prefill_step, **step_kw), **prefill_kw)
+        self.prefill = jax.jit(partial(self._run_prefill, **step_kw), **prefill_kw)
         # By variant (greedy_only, steps per call); several steps per call only for greedy batches.
         self.decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                     **step_kw), **decode_kw) for greedy in (False, True)}
@@ -84,13 +83,16 @@ class JittedSteps:
             forward = jax.jit(partial(self._run_forward, kernels=step_kw["kernels"], page_size=page_size),
                               donate_argnums=1)
             self.split_decode = forward, jax.jit(self._run_sample, donate_argnums=(0, 2))
-        self.restore = jax.jit(restore_snapshots, **restore_kw)
         self.write_masks = jax.jit(write_grammar_masks, **mask_kw)
         self.take_first_tokens = jax.jit(take_first_tokens)
 
     def _run(self, step, weights: tuple[jax.Array, ...], *args, **kw):
         model = nnx.merge(self._graphdef, jax.tree.unflatten(self._weights_def, weights))
         return step(model, *args, **kw)
+
+    def _run_prefill(self, weights: tuple[jax.Array, ...], pools, snapshots, batch: Packed, **kw):
+        """A prefill call over its packed batch (`batches.prefill_batch`)."""
+        return self._run(prefill_step, weights, pools, snapshots, unpack(batch), **kw)
 
     def _run_decode_step(self, step, weights: tuple[jax.Array, ...], pools, snapshots, batch: DecodeBatch,
                          snapshot_ids, **kw):

@@ -57,6 +57,7 @@ class Request:
     blocks: list = field(default_factory=list)  # the prefix cache's blocks of the prompt it holds, in order
     num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache (not prefilled)
     snapshot_plan: list = field(default_factory=list)  # (boundary, snapshot id) the next prefill step writes
+    restore_from: int = 0  # a hit's snapshot, the slot's state at its first prefill step (0: none, or read)
     cancelled: bool = False
     fill: bool = False  # made by the scheduler to cache another request's tokens: prefilled, never sampled
     finished: bool = False

@@ -28,13 +28,14 @@ from hybrid_jax.engine.grammar import fill_masks, mask_words
 from hybrid_jax.engine.host_moves import HostMoves
 from hybrid_jax.engine.host_tier import HostTier
 from hybrid_jax.engine.jitted import JittedSteps
+from hybrid_jax.engine.packing import Packed, pack
 from hybrid_jax.engine.placement import Placement, place_model
 from hybrid_jax.engine.programs import ExecutableStore, Programs, ProgramSpec
 from hybrid_jax.engine.prompt_logprobs import PromptScorer
 from hybrid_jax.engine.requests import PromptLogprob, Request
 from hybrid_jax.engine.sampler import Sampled
 from hybrid_jax.engine.scheduler import Variant
-from hybrid_jax.engine.steps import DecodeBatch, PrefillBatch
+from hybrid_jax.engine.steps import DecodeBatch
 from hybrid_jax.model import Qwen35ForCausalLM
 
 log = logging.getLogger("hybrid_jax.engine")
@@ -104,7 +105,7 @@ class Runner:
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
         ("first_tokens", B) | ("grammar_masks", B), ("decode_logits", B), ("decode_sample", B) (with grammars;
-        the last two without a mesh) | ("snapshot_restore", S) (with a snapshot pool), essential ones first:
+        the last two without a mesh), essential ones first:
         the general decode at the largest batch and the largest prefill serve any request; the rest, smallest
         buckets first, only make some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
@@ -150,10 +151,6 @@ class Runner:
                                                  essential=size == largest_prefill)
         if self.host_moves is not None:
             specs.update(self.host_moves.specs(shape_of))
-        if self.snapshots is not None:
-            pairs = (rows(self.config.max_prefill_seqs),) * 2
-            specs["snapshot_restore", self.config.max_prefill_seqs] = ProgramSpec(
-                "snapshot restore", self.steps.restore, (pools, snapshots, *pairs), essential=True)
         # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first; the
         # split decode (only grammar rows run it) last.
         order = lambda key: (not specs[key].essential, key[0] in SPLIT_DECODE, key[-1], key[0] != "decode",
@@ -216,8 +213,6 @@ class Runner:
                 if key[0] == "first_tokens":
                     compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
                              np.full(key[1], -1, np.int32))
-                elif key[0] == "snapshot_restore":
-                    self.restore_snapshots([], padding=True)
                 elif key[0] == "prefill":
                     _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
                 elif key[0] == "decode_logits":
@@ -293,10 +288,11 @@ class Runner:
             batch = jax.device_put(batch, self.placement.batch)  # would be another input type, another compile
         return batch
 
-    def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> PrefillBatch:
-        """The prefill step's inputs: ``n`` more prompt tokens of each (request, n), packed and padded to ``size``."""
-        return prefill_batch(chunks, size, self.config.max_prefill_seqs, self.layout.max_pages_per_seq,
-                             self.valid_vocab)
+    def prefill_batch(self, chunks: list[tuple[Request, int]], size: int) -> Packed:
+        """The prefill step's inputs: ``n`` more prompt tokens of each (request, n), packed and padded to ``size``
+        tokens, as one array (one copy to the device)."""
+        return pack(prefill_batch(chunks, size, self.config.max_prefill_seqs, self.layout.max_pages_per_seq,
+                                  self.valid_vocab))
 
     # -- calls ---------------------------------------------------------------------------------------
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
@@ -364,21 +360,6 @@ class Runner:
     def score_prompt(self, prompt_ids: list[int], top_n: int) -> list[PromptLogprob | None] | None:
         """The prompt's logprobs (see `PromptScorer.score`); None while their program is being built."""
         return self.scorer.score(self.weights, prompt_ids, top_n)
-
-    def restore_snapshots(self, pairs: list[tuple[int, int]], *, padding: bool = False) -> None:
-        """Queue copies of each (slot, snapshot)'s snapshot into the slot, before the steps queued after,
-        ``max_prefill_seqs`` at a time (``padding``: once over padding, the warm-up's run)."""
-        self.apply_host_moves()
-        size = self.config.max_prefill_seqs
-        program = self.program(("snapshot_restore", size))
-        for start in range(0, len(pairs) or int(padding), size):
-            group = pairs[start: start + size]
-            slot_ids, snapshot_ids = np.zeros(size, np.int32), np.zeros(size, np.int32)
-            for i, (slot, snapshot) in enumerate(group):
-                slot_ids[i], snapshot_ids[i] = slot, snapshot
-            self.pools = program(self.pools, self.snapshots, slot_ids, snapshot_ids)
-            if group:
-                self.runs["snapshot_restore", size] += 1
 
     def apply_host_moves(self) -> None:
         """Queue the host tier's pending copies, before the device calls that could write what they read (pages

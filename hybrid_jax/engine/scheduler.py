@@ -5,9 +5,10 @@
 - Admission: FCFS; the first waiting request is admitted when a state slot and KV pages for its whole lifetime
   (prompt + max_tokens) are free, less the pages of its prompt's cached prefix (the prefix cache evicts unused
   blocks to free pages). A request that can never fit is rejected at submit.
-- Prefix cache (`prefix_cache`): a request admitted on a hit holds the cached blocks, starts its prefill at
-  their end and has its slot restored from their snapshot; each full prompt block it prefills is cached after
-  the step that completes it, with the snapshot that step wrote at its end where the cache wants one.
+- Prefix cache (`prefix_cache`): a request admitted on a hit holds the cached blocks and starts its prefill at
+  their end, its first prefill step reading the slot's state from their snapshot (``restore_from``); each full
+  prompt block it prefills is cached after the step that completes it, with the snapshot that step wrote at
+  its end where the cache wants one.
 - Prefill: one packed step over the prompts being prefilled, in admission order: at most ``max_prefill_seqs``
   chunks under the ``prefill_chunk`` token budget, at the smallest token bucket that holds them. With the
   prefix cache a chunk that does not finish its prompt ends on a block boundary where it can, and the step
@@ -152,25 +153,21 @@ class Scheduler:
         for r in [r for r in self.prefilling + self.decoding if r.cancelled]:
             self.finish(r, None, "abort")
 
-    def admit(self) -> list[tuple[int, int]]:
+    def admit(self) -> None:
         """FCFS: admit waiting requests while a slot and pages for their whole lifetime are free (cached prefix
         pages shared, unused cached blocks evicted for room); then, once nothing else has waited or run for
-        ``fill_delay_s``, the newest fill. Returns the (slot, snapshot) restores the admitted hits need before
-        their first prefill step."""
-        restores = []
-        while self.waiting and self.slots.num_free and (restore := self._admit(self.waiting[0])) is not None:
+        ``fill_delay_s``, the newest fill."""
+        while self.waiting and self.slots.num_free and self._admit(self.waiting[0]):
             self.waiting.popleft()
-            restores += restore
         if self.fills is not None and not self.idle:
             self.fills.busy()
         elif self.fills is not None and self.slots.num_free and (fill := self.fills.take()) is not None \
                 and not self.prefix.cached(fill.prompt_ids):
-            restores += self._admit(fill) or []  # no room: dropped
-        return restores
+            self._admit(fill)  # no room: dropped
 
-    def _admit(self, r: Request) -> list[tuple[int, int]] | None:
-        """Give ``r`` a slot and its pages, on its prefix's hit; the restores it needs, or None when its pages
-        cannot be freed."""
+    def _admit(self, r: Request) -> bool:
+        """Give ``r`` a slot and its pages, on its prefix's hit (its first prefill step starts from the hit's
+        snapshot: ``restore_from``); False when its pages cannot be freed."""
         hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
         on_host = [block for block in hit if isinstance(block, HostBlock)]  # the chain's last blocks
         hit = hit[: len(hit) - len(on_host)]
@@ -190,22 +187,22 @@ class Scheduler:
                 self.prefix.free_snapshots([snapshot])
                 if on_host:
                     self.prefix.host.put_back(on_host)
-                return None
+                return False
         elif self.pages.num_free < need:
-            return None
+            return False
         r.slot = self.slots.allocate(1)[0]
         r.pages = shared + self.pages.allocate(need)
         if on_host:
             hit = hit + self.prefix.restore(on_host, r.pages[len(shared):], snapshot)
             shared = r.pages[: len(hit) * self.prefix.pages_per_block]
             self.counters["prefix_cache_host_hits"] += len(on_host) * self.prefix.block_size
-        r.blocks = hit
+        r.blocks, r.restore_from = hit, hit[-1].snapshot if hit else 0
         r.num_prefilled = r.num_cached_tokens = len(shared) * self.page_size
         if self.prefix is not None and not r.fill:
             self.counters["prefix_cache_queries"] += len(r.prompt_ids)
             self.counters["prefix_cache_hits"] += r.num_cached_tokens
         self.prefilling.append(r)
-        return [(r.slot, hit[-1].snapshot)] if hit else []
+        return True
 
     def finish(self, r: Request, token: int | None, reason: str, error: Exception | None = None) -> None:
         """End ``r`` and free its slot and pages; ``token`` None: send a final event without a token."""
@@ -328,6 +325,7 @@ class Scheduler:
         done, rows = [], []
         for s, (r, n) in enumerate(chunks):
             r.num_prefilled += n
+            r.restore_from = 0
             self.counters["prompt_tokens"] += 0 if r.fill else n
             if r.num_prefilled == len(r.prompt_ids) and not r.fill:  # a fill ends in `cache_prefilled`
                 self.prefilling.remove(r)

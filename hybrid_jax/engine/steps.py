@@ -1,6 +1,7 @@
-"""The engine's fixed-shape steps over the cache pools: packed chunked prefill and batched decode (both writing
-the prefix cache's state snapshots where the batch names them; decode whole, or as a forward and a sample
-apart, for grammar masks the host computes between the two), and the restore of a snapshot into a slot.
+"""The engine's fixed-shape steps over the cache pools: packed chunked prefill (a prefix cache hit's first chunk
+starting from its snapshot) and batched decode (both writing the prefix cache's state snapshots where the
+batch names them; decode whole, or as a forward and a sample apart, for grammar masks the host computes between
+the two).
 
 Both are pure functions of (weights, pools, batch) that the engine jits once per shape bucket with the
 pools donated, so every cache update is in place. Each runs the model's decoder over a cache of
@@ -46,6 +47,7 @@ class PrefillBatch(NamedTuple):
     is_last: jax.Array  # [S] bool the prompt ends in this chunk: the sample is the first output token
     snapshot_ids: jax.Array  # [S, ceil(T / 64)] i32 snapshot of sequence s's state after its first (c + 1) * 64
     # tokens, where > 0 (read only with a snapshot pool)
+    restore_ids: jax.Array  # [S] i32 snapshot the sequence's slot starts from (a hit's first chunk), where > 0
     rows: SamplingRows  # [S] settings; a sequence whose prompt ends in this chunk samples its first token
     want_top: jax.Array  # [] bool some row wants top logprobs
 
@@ -70,13 +72,14 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
                          cu_seqlens=batch.cu_seqlens, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
                          context_lens=batch.context_lens, is_first=batch.is_first,
                          snapshots=None if snapshots is None else snapshots["layers"],
-                         snapshot_ids=batch.snapshot_ids)
+                         snapshot_ids=batch.snapshot_ids, restore_ids=batch.restore_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [T, D]
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
-    counts = reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first)
-    prompt_mask = reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first)
+    counts = reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first | (batch.restore_ids > 0))
+    prompt_mask = reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first,
+                             None if snapshots is None else snapshots["prompt_mask"], batch.restore_ids)
     if snapshots is not None:
         snapshots = {"layers": cache.updated_snapshots,
                      "prompt_mask": _prompt_mask_snapshots(snapshots["prompt_mask"], prompt_mask, batch)}
@@ -167,17 +170,6 @@ def multi_decode_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | N
     carry = (pools, snapshots, batch.tokens, batch.positions, batch.rows.step)
     (pools, snapshots, *_), sampled = jax.lax.scan(body, carry, snapshot_ids, length=num_steps)
     return sampled, pools, snapshots
-
-
-def restore_snapshots(pools: dict, snapshots: dict, slot_ids: jax.Array, snapshot_ids: jax.Array) -> dict:
-    """Copy each snapshot into its slot (GDN state and prompt mask) and zero the slot's output counts: the slot
-    continues a prompt from the snapshot's boundary. Returns the new pools. slot_ids, snapshot_ids [S] i32
-    (padding: the null snapshot into the null slot)."""
-    layers = [{k: pool[k].at[slot_ids].set(snap[k][snapshot_ids]) if k in snap else pool[k] for k in pool}
-              for pool, snap in zip(pools["layers"], snapshots["layers"], strict=True)]
-    prompt_mask = pools["prompt_mask"].at[slot_ids].set(snapshots["prompt_mask"][snapshot_ids])
-    counts = pools["output_counts"].at[slot_ids].set(0)
-    return {**pools, "layers": layers, "output_counts": counts, "prompt_mask": prompt_mask}
 
 
 def write_grammar_masks(pools: dict, slot_ids: jax.Array, masks: jax.Array) -> dict:

@@ -32,15 +32,21 @@ def request(name: str, prompt: list[int], max_tokens: int = 4) -> Request:
     return Request(name, list(prompt), SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), seed=0)
 
 
-def step(s: Scheduler) -> tuple[list, list]:
+def step(s: Scheduler) -> list:
     """One loop turn without a device: admission, one prefill step, one decode step (its output snapshots planned,
-    then cached before its tokens are emitted). Returns the (slot, snapshot) restores and the (boundary,
-    snapshot) plans of the step's chunks and of the decode step."""
-    restores = s.admit()
+    then cached before its tokens are emitted); a hit's snapshot must survive until its first chunk reads it.
+    Returns the (boundary, snapshot) plans of the step's chunks and of the decode step."""
+    s.admit()
     plans = []
     chunks = s.prefill_chunks()
     if chunks:
         plans = [entry for r, _ in chunks for entry in r.snapshot_plan]
+        for r, _ in chunks:  # its own plan may take the row: the step reads it before writing it
+            if r.restore_from:
+                hit_end = r.blocks[r.num_cached_tokens // s.prefix.block_size - 1]
+                own = [snapshot for _, snapshot in r.snapshot_plan]
+                assert hit_end.snapshot == r.restore_from or r.restore_from in own
+                assert all(r.restore_from not in [x for _, x in q.snapshot_plan] for q, _ in chunks if q is not r)
         done, _ = s.prefilled(chunks)
         s.cache_prefilled(chunks)
         for r in done:
@@ -50,7 +56,7 @@ def step(s: Scheduler) -> tuple[list, list]:
     s.output_snapshots.cache(planned)
     for r in decoding:
         s.emit(r, 7, -0.5, None)
-    return restores, plans + [(p.boundary, p.snapshot) for p in planned]
+    return plans + [(p.boundary, p.snapshot) for p in planned]
 
 
 def run(s: Scheduler, *requests: Request) -> None:
@@ -112,8 +118,8 @@ def test_a_hit_shares_pages_restores_a_snapshot_and_prefills_the_rest():
     b = request("b", base[:140] + [1, 2, 3])
     s.put(b)
     s.take_arrivals(block=False)
-    [(slot, snapshot)] = s.admit()
-    assert slot == b.slot and snapshot == s.prefix.match(base)[1].snapshot
+    s.admit()
+    assert b.restore_from == s.prefix.match(base)[1].snapshot
     assert b.num_prefilled == b.num_cached_tokens == 128
     assert b.pages[:8] == [p for block in s.prefix.match(base) for p in block.pages]
     assert s.prefill_chunks() == [(b, 143 - 128)]
@@ -269,7 +275,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
             if rng.random() < 0.03:
                 s.cancel(r)
         s.reap_cancelled()
-        restores, plans = step(s)
+        plans = step(s)
         held = {id(r): r for r in s.prefilling + s.decoding}
         # Every page is free, a running request's own, or a cached block's: never two of these.
         cached = [p for b in s.prefix.blocks.values() for p in b.pages]
@@ -284,7 +290,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         unused = [i for i in s.prefix.unused]
         assert sorted(unused) == sorted(i for i, b in s.prefix.blocks.items() if not b.refs)
         assert list(s.prefix.unused_snapshots) == [i for i in unused if s.prefix.blocks[i].snapshot]
-        assert all(snapshot for _, snapshot in restores + plans)
+        assert all(snapshot for _, snapshot in plans)
         if host_blocks:
             check_host_tier(s.prefix)
         output_cached = output_cached or any(b.key[1][-1] == 7 for b in s.prefix.blocks.values())
