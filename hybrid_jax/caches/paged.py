@@ -84,10 +84,10 @@ def _pad_rows(a: jax.Array, rows: int) -> jax.Array:
     return a if a.shape[0] == rows else jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
 
-def reset_rows(pool, slot_ids, reset, snapshots=None, restore_ids=None):
-    """Zero the pool rows of slots whose request starts now and, with ``snapshots`` [snapshots, ...], set those
-    of slots that resume from a snapshot (a prefix cache hit) to it. pool [slots, ...]; slot_ids [S] i32;
-    reset [S] bool; restore_ids [S] i32 (0: none)."""
+def start_rows(pool, slot_ids, reset, snapshots=None, restore_ids=None):
+    """The pool with the rows of slots whose request starts now zeroed and, with ``snapshots`` [snapshots, ...],
+    those of slots that resume from a snapshot (a prefix cache hit's first chunk) set to it. pool [slots, ...];
+    slot_ids [S] i32; reset [S] bool; restore_ids [S] i32 (0: none)."""
     rows = pool[slot_ids]
     mask = lambda m: m.reshape(m.shape + (1,) * (rows.ndim - 1))
     rows = jnp.where(mask(reset), jnp.zeros_like(rows), rows)
@@ -170,7 +170,7 @@ class PrefillCache(_Paged):
     def linear_attention(self, index, gdn, mixed, b, a):
         n, pool = self.real_rows, self.layers[index]
         snap = self.snapshots[index] if self.snapshots is not None else {}
-        conv_pool, state_pool = (reset_rows(pool[k], self.slot_ids, self.is_first, snap.get(k), self.restore_ids)
+        conv_pool, state_pool = (start_rows(pool[k], self.slot_ids, self.is_first, snap.get(k), self.restore_ids)
                                  for k in ("conv", "state"))
         mixed, b, a = mixed[:n], b[:n], a[:n]
         new_tokens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]  # [S]

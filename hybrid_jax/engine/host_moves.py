@@ -3,11 +3,11 @@ written back, `GROUP` blocks a call, and snapshots, one a call, by four small pr
 most of a block's copy, hence the groups (BENCHMARKS, host-tier copies); in host memory a block is one array
 and a snapshot three, since each array is a copy of its own. Going out, a device-only program gathers
 the pages or the snapshot's rows into buffers of their own (later writes to the pools cannot reach them) and a
-copy thread moves those to host memory by `jax.device_put`: a copy to host memory, by `device_put` or by a
-program whose outputs live there, returns only once the device has reached it, which would hold the engine
-thread behind the device's queue. Coming back, pages are written by a program whose inputs live in host memory,
-a snapshot by `device_put` to the device beside a device-only scatter (BENCHMARKS). Device calls are queued in
-the order of the moves."""
+copy thread moves those to host memory by `jax.device_put` once they are computed (`to_host`): a copy to host
+memory, by `device_put` or by a program whose outputs live there, returns only once the device has reached it,
+which would hold the engine thread behind the device's queue. Coming back, pages are written by a program whose
+inputs live in host memory, a snapshot by `device_put` to the device beside a device-only scatter (BENCHMARKS).
+Device calls are queued in the order of the moves."""
 
 from __future__ import annotations
 
@@ -71,6 +71,12 @@ def stacked(sharding):
     if isinstance(sharding, NamedSharding):
         return NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
     return sharding
+
+
+def to_host(tree, shardings):
+    """``tree`` copied to host memory (the copy thread's job): once the device has computed it, so that the copy's
+    call, which returns only when the device reaches it, does not wait behind the device's queue."""
+    return jax.device_put(jax.block_until_ready(tree), shardings)
 
 
 class GroupPart(NamedTuple):
@@ -179,7 +185,7 @@ class HostMoves:
         def flush(pools: dict) -> dict:
             if group and group[0][0].direction == "out":
                 gathered = program(read_pages_key)(pools, page_ids())[: len(group)]
-                copied = self._copies.submit(jax.device_put, gathered, self.host_group[: len(group)])
+                copied = self._copies.submit(to_host, gathered, self.host_group[: len(group)])
                 for index, (move, rows) in enumerate(group):
                     move.block.data = GroupPart(copied, index), rows
             elif group:
@@ -194,7 +200,7 @@ class HostMoves:
             rows = None
             if move.direction == "out" and move.snapshot:
                 gathered = program(read_snapshot_key)(snapshots, np.asarray([move.snapshot], np.int32))
-                rows = self._copies.submit(jax.device_put, gathered, self.host_rows)
+                rows = self._copies.submit(to_host, gathered, self.host_rows)
             elif move.snapshot:
                 snapshots = program(write_snapshot_key)(snapshots, np.asarray([move.snapshot], np.int32),
                                                         jax.device_put(self.host_data(move.block)[1],

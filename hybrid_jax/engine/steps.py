@@ -22,8 +22,8 @@ from hybrid_jax.caches.paged import (
     FusedDecodeCache,
     PagedKernels,
     PrefillCache,
-    reset_rows,
     snapshot_entries,
+    start_rows,
 )
 from hybrid_jax.engine.prefix_cache import DECODE_SNAPSHOTS
 from hybrid_jax.engine.sampler import Sampled, SamplingRows, sample
@@ -77,8 +77,8 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
 
-    counts = reset_rows(pools["output_counts"], batch.slot_ids, batch.is_first | (batch.restore_ids > 0))
-    prompt_mask = reset_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first,
+    counts = start_rows(pools["output_counts"], batch.slot_ids, batch.is_first | (batch.restore_ids > 0))
+    prompt_mask = start_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first,
                              None if snapshots is None else snapshots["prompt_mask"], batch.restore_ids)
     if snapshots is not None:
         snapshots = {"layers": cache.updated_snapshots,
