@@ -125,7 +125,7 @@ class HostMoves:
                            "prompt_mask": row_shape(self.snapshot_shapes["prompt_mask"], (),
                                                     self.device_rows["prompt_mask"])}  # a snapshot's, on the device
         self.host_rows = host(self.device_rows)
-        group = [stacked(pools["layers"][kv]["k"])] * GROUP
+        group = [kv_sharding] * GROUP
         self.host_group = [block] * GROUP
 
         def read_group(pools, page_ids):

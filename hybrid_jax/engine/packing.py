@@ -8,7 +8,6 @@ import math
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -70,7 +69,3 @@ def unpack(packed: Packed):
             leaves.append(jax.lax.bitcast_convert_type(words, dtype))
     return jax.tree.unflatten(packed.layout.tree, leaves)
 
-
-def packed_like(packed: Packed, sharding=None) -> Packed:
-    """``packed`` with its words as a ShapeDtypeStruct (a program's argument spec)."""
-    return Packed(jax.ShapeDtypeStruct(packed.words.shape, jnp.int32, sharding=sharding), packed.layout)

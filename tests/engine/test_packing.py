@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from hybrid_jax.engine.packing import Packed, pack, packed_like, unpack
+from hybrid_jax.engine.packing import Packed, pack, unpack
 
 
 def _tree():
@@ -24,9 +24,9 @@ def test_unpack_inside_a_program_gives_back_every_leaf_bit_for_bit():
         np.testing.assert_array_equal(got, want)
 
 
-def test_a_program_lowered_on_a_spec_runs_on_packed_host_arrays_and_refuses_another_layout():
+def test_a_compiled_program_runs_on_packed_host_arrays_and_refuses_another_layout():
     tree = _tree()
-    compiled = jax.jit(lambda p: unpack(p)["ids"].sum()).lower(packed_like(pack(tree))).compile()
+    compiled = jax.jit(lambda p: unpack(p)["ids"].sum()).lower(pack(tree)).compile()
     assert int(compiled(pack(tree))) == 15
     other = dict(tree, ids=np.zeros((3, 2), np.int32))  # same word count, another layout
     with pytest.raises(TypeError):
