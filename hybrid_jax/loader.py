@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -28,4 +29,14 @@ def random_model(config: Qwen35Config | str, dtype="bfloat16", seed: int = 0) ->
     ``exp(A_log)`` uniform in [0.01, 16] and ``dt_bias`` 1."""
     if isinstance(config, str):
         config = preset(config)
-    return Qwen35ForCausalLM(config, jnp.dtype(dtype), rngs=nnx.Rngs(seed))
+    graphdef, init = random_weights(config, dtype)
+    return nnx.merge(graphdef, init(jnp.int32(seed)))
+
+
+def random_weights(config: Qwen35Config, dtype) -> tuple[nnx.GraphDef, jax.stages.Wrapped]:
+    """The model's graph and one jitted program seed (int32) -> its random parameters: one compile instead of
+    one per initializer op and shape (and a program the engine's executable cache can keep)."""
+    dtype = jnp.dtype(dtype)
+    graphdef = nnx.graphdef(abstract_model(config, dtype))
+    init = jax.jit(lambda seed: nnx.state(Qwen35ForCausalLM(config, dtype, rngs=nnx.Rngs(jax.random.key(seed)))))
+    return graphdef, init

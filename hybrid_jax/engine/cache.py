@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hybrid_jax.config import Qwen35Config
+from hybrid_jax.engine.programs import ExecutableStore, stored_program
 
 F32 = jnp.float32
 
@@ -48,19 +49,22 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
     return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
 
 
-def allocate_pools(shapes: dict, shardings: dict | None = None) -> dict:
+def allocate_pools(shapes: dict, shardings: dict | None = None, store: ExecutableStore | None = None,
+                   name: str = "pools") -> dict:
     """Zeroed pools, each created directly with its sharding (never whole on one device first), by one program
-    per layout and process (a `jnp.zeros` each compiles one per shape)."""
+    per layout and process (a `jnp.zeros` each compiles one per shape), kept in ``store`` across restarts."""
     leaves, tree = jax.tree.flatten(shapes)
     specs = tuple((tuple(s.shape), jnp.dtype(s.dtype)) for s in leaves)
-    return jax.tree.unflatten(tree, _zeros(specs, None if shardings is None else tuple(jax.tree.leaves(shardings)))())
+    placed = None if shardings is None else tuple(jax.tree.leaves(shardings))
+    return jax.tree.unflatten(tree, _zeros(specs, placed, store, name)())
 
 
 @functools.cache
-def _zeros(specs: tuple, shardings: tuple | None):
-    """The jitted program making zeroed arrays of ``specs`` ((shape, dtype) each), placed by ``shardings``."""
-    return jax.jit(lambda: [jnp.zeros(shape, dtype) for shape, dtype in specs],
-                   out_shardings=None if shardings is None else list(shardings))
+def _zeros(specs: tuple, shardings: tuple | None, store: ExecutableStore | None, name: str) -> jax.stages.Compiled:
+    """The program making zeroed arrays of ``specs`` ((shape, dtype) each), placed by ``shardings``."""
+    fn = jax.jit(lambda: [jnp.zeros(shape, dtype) for shape, dtype in specs],
+                 out_shardings=None if shardings is None else list(shardings))
+    return stored_program(store, f"zeroed {name}", {"pools": repr(specs), "shardings": repr(shardings)}, fn, ())
 
 
 class BlockAllocator:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -22,9 +23,10 @@ from hybrid_jax.compilation_cache import enable_compilation_cache, executable_di
 from hybrid_jax.config import Qwen35Config, preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
+from hybrid_jax.engine.programs import ExecutableStore, stored_program
 from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.loader import load_pretrained, random_model
+from hybrid_jax.loader import load_pretrained, random_weights
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
 from hybrid_jax.weights import abstract_model
@@ -55,16 +57,28 @@ class ModelSource(NamedTuple):
     name: str
 
 
-def model_source(model: str | None, dtype: str, seed: int = 0) -> ModelSource:
-    """A checkpoint directory, a size preset (random weights), or None: the embedded tiny random default."""
+def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: str | None = None) -> ModelSource:
+    """A checkpoint directory, a size preset (random weights), or None: the embedded tiny random default.
+    ``executable_dir``: where the random weights' program is kept across runs."""
     if model is not None and Path(model).is_dir():
         config = Qwen35Config.from_pretrained(model)
         abstract = abstract_model(config, jnp.dtype(dtype))
         return ModelSource(abstract, lambda: load_pretrained(model, dtype), load_tokenizer(model), Path(model).name)
     preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
     config = preset(preset_name)
-    return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: random_model(config, dtype, seed),
+    load = lambda: stored_random_model(config, dtype, seed, executable_dir)
+    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load,
                        load_tokenizer(), DEFAULT_MODEL_NAME if model is None else f"random-{model}")
+
+
+def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
+                        executable_dir: str | os.PathLike | None) -> Qwen35ForCausalLM:
+    """`random_model`, its program loaded from the executable store in ``executable_dir`` when it holds it."""
+    store = ExecutableStore(executable_dir, jax.devices()[:1]) if executable_dir is not None else None
+    graphdef, init = random_weights(config, dtype)
+    seed_arg = np.int32(seed)
+    context = {"model": repr(config), "dtype": str(jnp.dtype(dtype))}
+    return nnx.merge(graphdef, stored_program(store, "random weights", context, init, (seed_arg,))(seed_arg))
 
 
 class LLM:
@@ -79,7 +93,8 @@ class LLM:
         if compilation_cache_dir and jax.devices()[0].platform != "cpu":
             enable_compilation_cache(compilation_cache_dir)
         start = time.perf_counter()
-        source = model_source(model, dtype, seed)
+        executables = executable_dir(compilation_cache_dir) if compilation_cache_dir else None
+        source = model_source(model, dtype, seed, executables)
         log.info("start-up: model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
         self.tokenizer, self.model_name = source.tokenizer, source.name
         self.config: Qwen35Config = source.abstract.config
@@ -88,7 +103,7 @@ class LLM:
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab, think_token_ids=think_token_ids(self.tokenizer),
                          tokenizer=self.tokenizer,
-                         executable_dir=executable_dir(compilation_cache_dir) if compilation_cache_dir else None)
+                         executable_dir=executables)
         tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
         self.model = self.engine = None

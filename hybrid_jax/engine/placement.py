@@ -9,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.caches.pools import is_pool_spec, pool_specs, snapshot_specs
 from hybrid_jax.engine.cache import CacheLayout, allocate_pools
+from hybrid_jax.engine.programs import ExecutableStore
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.sharding import make_mesh, shard_model, stored_kv_heads
 
@@ -49,10 +50,11 @@ class Placement:
             return None
         return jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
 
-    def allocate_pools(self) -> dict:
-        """The cache pools, zeroed."""
-        return allocate_pools(self.pool_shapes, self.pools)
+    def allocate_pools(self, store: ExecutableStore | None = None) -> dict:
+        """The cache pools, zeroed (the program that zeroes them kept in ``store``)."""
+        return allocate_pools(self.pool_shapes, self.pools, store)
 
-    def allocate_snapshots(self) -> dict | None:
+    def allocate_snapshots(self, store: ExecutableStore | None = None) -> dict | None:
         """The snapshot pool, zeroed (None without one)."""
-        return None if self.snapshot_shapes is None else allocate_pools(self.snapshot_shapes, self.snapshots)
+        return None if self.snapshot_shapes is None else allocate_pools(self.snapshot_shapes, self.snapshots,
+                                                                          store, "snapshots")

@@ -184,8 +184,13 @@ def _initialize_lapack() -> None:
     """Fill jaxlib's LAPACK function table, which the CPU executables' triangular solves call into (the GDN
     reference's chunked form). JAX fills it while lowering such a solve; a program loaded without being lowered
     in this process would call through empty pointers."""
-    a = jax.ShapeDtypeStruct((2, 2), "float32")
-    jax.jit(lambda x, y: jax.lax.linalg.triangular_solve(x, y, left_side=True, lower=True)).lower(a, a)
+    try:
+        from jax._src.lib import lapack  # what that lowering calls (private: lowering one solve is the fallback)
+
+        lapack._lapack.initialize()
+    except (ImportError, AttributeError):
+        a = jax.ShapeDtypeStruct((2, 2), "float32")
+        jax.jit(lambda x, y: jax.lax.linalg.triangular_solve(x, y, left_side=True, lower=True)).lower(a, a)
 
 
 def _wrap(payload: bytes) -> bytes:
@@ -199,6 +204,20 @@ def _unwrap(blob: bytes) -> bytes:
     if hashlib.sha256(payload).digest() != digest:
         raise ValueError("checksum mismatch (truncated or corrupt)")
     return payload
+
+
+def stored_program(store: ExecutableStore | None, name: str, context: dict[str, Any], fn: Any,
+                   args: tuple) -> jax.stages.Compiled:
+    """One program outside the engine's table (the zeroed pools, random weights): loaded from ``store`` when it
+    holds it, else lowered, compiled and stored."""
+    if store is None:
+        return fn.lower(*args).compile()
+    key = store.key(name, context, args)
+    compiled = store.load(name, key)
+    if compiled is None:
+        compiled = fn.lower(*args).compile()
+        store.save(name, key, compiled)
+    return compiled
 
 
 class ProgramSpec(NamedTuple):

@@ -72,16 +72,17 @@ class Runner:
                                   snapshot_share=config.snapshot_share if config.enable_prefix_caching else 0.0,
                                   num_snapshots=config.num_snapshots)
         self.placement = Placement(model, self.layout, mesh, tp)
+        self.devices = self.placement.devices
+        self.store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
         start = time.perf_counter()
-        self.pools = self.placement.allocate_pools()
-        self.snapshots = self.placement.allocate_snapshots()
+        self.pools = self.placement.allocate_pools(self.store)
+        self.snapshots = self.placement.allocate_snapshots(self.store)
         log.info("start-up: cache pools allocated in %.1f s", time.perf_counter() - start)
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if mesh is None else 1
         self.steps = JittedSteps(model.config, graphdef, self._weights_def, self.weights, self.placement,
                                  page_size=self.layout.page_size, valid_vocab=self.valid_vocab,
                                  decode_steps=self.decode_steps)
-        self.devices = self.placement.devices
         self.host_tier = self.host_moves = None  # the prefix cache's host-memory tier (kv_offloading_size)
         if config.kv_offloading_size and self.snapshots is not None:
             per_block = config.prefix_block // self.layout.page_size
@@ -92,10 +93,9 @@ class Runner:
             log.info("prefix caching: a host tier of %.1f GiB (%.1f MiB a block, %.1f MiB a snapshot)",
                      config.kv_offloading_size, self.host_tier.block_bytes / 2**20,
                      self.host_tier.snapshot_bytes / 2**20)
-        store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
-        self.programs = Programs(self._program_specs(), store, self._program_context())
+        self.programs = Programs(self._program_specs(), self.store, self._program_context())
         self.scorer = PromptScorer(graphdef, self._weights_def, self.weights, self.valid_vocab,
-                                   config.max_model_len, store, self._program_context(), self.placement.batch)
+                                   config.max_model_len, self.store, self._program_context(), self.placement.batch)
         self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
         self._prepared = False  # the programs start needs are built
         self._load_seconds = 0.0  # spent loading them from the store
@@ -189,8 +189,8 @@ class Runner:
             self.pools = self.snapshots = None
             seconds = programs.compile_missing(missing, threads, "compiling programs")
             log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
-            self.pools = self.placement.allocate_pools()
-            self.snapshots = self.placement.allocate_snapshots()
+            self.pools = self.placement.allocate_pools(self.store)
+            self.snapshots = self.placement.allocate_snapshots(self.store)
         self._prepared = True
 
     def warmup(self) -> None:

@@ -15,20 +15,29 @@ import pytest
 
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
-from hybrid_jax.engine.programs import ExecutableStore, StoreError, _wrap
+from hybrid_jax.engine.programs import ExecutableStore, StoreError, _unwrap, _wrap
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # A fresh process without JAX's compilation cache (its hits are not stored on the CPU: see programs.py).
 RUN = """
-import json, sys
+import json, logging, sys
+import jax
 import numpy as np
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.engine.llm import stored_random_model
 from hybrid_jax.engine.sampling_params import SamplingParams
 
-model = hybrid_jax.random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", seed=1)
+compiles = []
+class Compiles(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Compiling "):
+            compiles.append(record.getMessage()[:120])
+logging.getLogger("jax").addHandler(Compiles())
+jax.config.update("jax_log_compiles", True)
+model = stored_random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", 1, sys.argv[1])
 config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2)
 engine = Engine(model, config, executable_dir=sys.argv[1]).start()
 rng = np.random.default_rng(0)
@@ -36,7 +45,8 @@ params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 handles = [engine.submit(rng.integers(0, 512, n).tolist(), params) for n in (5, 40)]
 tokens = [[e.token_id for e in h if e.token_id is not None] for h in handles]
 engine.shutdown()
-print(json.dumps({"counts": engine.programs.counts, "total": len(engine.programs.specs), "tokens": tokens}))
+print(json.dumps({"counts": engine.programs.counts, "total": len(engine.programs.specs), "tokens": tokens,
+                  "compiles": compiles}))
 """
 
 
@@ -56,15 +66,16 @@ def test_restart_loads_every_program_and_gives_the_same_tokens(tmp_path):
     assert cold["counts"] == {"loaded": 0, "compiled": cold["total"]}
     warm, _ = run_engine(store)
     assert warm["counts"] == {"loaded": warm["total"], "compiled": 0}
+    assert warm["compiles"] == []  # nor the random weights, the pools' zeroing or anything else
     assert warm["tokens"] == cold["tokens"]
 
-    entries = sorted(store.glob("*.xla"))
-    assert len(entries) == cold["total"]
-    victim = max(entries[1:], key=lambda p: p.stat().st_size)  # a step program, not a tiny one
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
-    entries[0].write_bytes(b"garbage")
+    entries = {json.loads(pickle.loads(_unwrap(p.read_bytes()))[0])["name"]: p for p in store.glob("*.xla")}
+    assert len(entries) == cold["total"] + 3  # and the random weights', the pools' and the snapshots' programs
+    prefill = entries[next(name for name in entries if name.startswith("prefill"))]
+    prefill.write_bytes(prefill.read_bytes()[: prefill.stat().st_size // 2])  # truncated
+    entries["random weights"].write_bytes(b"garbage")
     repaired, log = run_engine(store)
-    assert repaired["counts"] == {"loaded": repaired["total"] - 2, "compiled": 2}
+    assert repaired["counts"] == {"loaded": repaired["total"] - 1, "compiled": 1}
     assert repaired["tokens"] == cold["tokens"]
     assert log.count("unusable") == 2 and "compiling it again" in log
 
