@@ -26,7 +26,7 @@ from hybrid_jax.engine.output import RequestOutput, TextAssembler
 from hybrid_jax.engine.programs import ExecutableStore, stored_program
 from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.loader import load_pretrained, random_weights
+from hybrid_jax.loader import load_pretrained, random_model, random_weights
 from hybrid_jax.model import Qwen35ForCausalLM
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
 from hybrid_jax.weights import abstract_model
@@ -73,12 +73,17 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
 
 def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
                         executable_dir: str | os.PathLike | None) -> Qwen35ForCausalLM:
-    """`random_model`, its program loaded from the executable store in ``executable_dir`` when it holds it."""
-    store = ExecutableStore(executable_dir, jax.devices()[:1]) if executable_dir is not None else None
+    """`random_model`. On the CPU, with ``executable_dir``, its initializers run as one program kept in the
+    executable store there: JAX's compilation cache is off on the CPU, so each eager initializer would compile
+    on every start (2.5 s of the embedded default's 7 s restart)."""
+    if executable_dir is None or jax.devices()[0].platform != "cpu":
+        return random_model(config, dtype, seed)
     graphdef, init = random_weights(config, dtype)
     seed_arg = np.int32(seed)
     context = {"model": repr(config), "dtype": str(jnp.dtype(dtype))}
-    return nnx.merge(graphdef, stored_program(store, "random weights", context, init, (seed_arg,))(seed_arg))
+    program = stored_program(ExecutableStore(executable_dir, jax.devices()[:1]), "random weights", context, init,
+                             (seed_arg,))
+    return nnx.merge(graphdef, program(seed_arg))
 
 
 class LLM:
@@ -111,9 +116,9 @@ class LLM:
             # The stored start programs load while the weights do (both release the GIL for most of their time).
             # Compiles wait for the weights instead: XLA's autotuner scratch beside weights still loading
             # fragments device memory (27B ran out of memory at its first step).
-            abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
             with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
                 loading = pool.submit(self._load, source)
+                abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
                 stored = abstract_engine.load_stored_programs()
                 if stored:
                     abstract_engine.prepare_programs()

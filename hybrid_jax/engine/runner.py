@@ -43,10 +43,6 @@ log = logging.getLogger("hybrid_jax.engine")
 SPLIT_DECODE = ("decode_logits", "decode_sample")  # the programs of a decode step run as forward, then sample
 
 
-def _is_abstract(model: nnx.Module) -> bool:
-    return any(isinstance(w, jax.ShapeDtypeStruct) for w in jax.tree.leaves(nnx.state(model)))
-
-
 class Runner:
     """Owns the weights, the cache pools and the programs; runs the steps the engine loop asks for."""
 
@@ -57,13 +53,16 @@ class Runner:
         may have one (their programs are built)."""
         self.model, self.config, self.grammars = model, config, grammars
         self.valid_vocab = valid_vocab or model.config.vocab_size
-        self.weights_loaded = not _is_abstract(model)
-        tp = config.tensor_parallel_size
-        mesh = place_model(model, tp, self.weights_loaded)
         # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
         # in Python node by node (~10 us a weight a call: DESIGN).
         graphdef, weights = nnx.split(model)
         leaves, self._weights_def = jax.tree.flatten(weights)
+        self.weights_loaded = not any(isinstance(w, jax.ShapeDtypeStruct) for w in leaves)
+        tp = config.tensor_parallel_size
+        mesh = place_model(model, tp, self.weights_loaded)
+        if mesh is not None:  # sharded in place: the placed arrays
+            graphdef, weights = nnx.split(model)
+            leaves, self._weights_def = jax.tree.flatten(weights)
         self.weights = tuple(leaves)
         self.layout = plan_layout(model.config, model.dtype, model.config.vocab_size, max_batch=config.max_batch,
                                   max_model_len=config.max_model_len, page_size=config.page_size,
