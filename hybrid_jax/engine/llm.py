@@ -75,7 +75,7 @@ def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
                         executable_dir: str | os.PathLike | None) -> Qwen35ForCausalLM:
     """`random_model`. On the CPU, with ``executable_dir``, its initializers run as one program kept in the
     executable store there: JAX's compilation cache is off on the CPU, so each eager initializer would compile
-    on every start (2.5 s of the embedded default's 7 s restart)."""
+    on every start (DESIGN: why not on a GPU)."""
     if executable_dir is None or jax.devices()[0].platform != "cpu":
         return random_model(config, dtype, seed)
     graphdef, init = random_weights(config, dtype)
@@ -113,9 +113,9 @@ class LLM:
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
         self.model = self.engine = None
         if engine_config.tensor_parallel_size == 1 and warmup:
-            # The stored start programs load while the weights do (both release the GIL for most of their time).
-            # Compiles wait for the weights instead: XLA's autotuner scratch beside weights still loading
-            # fragments device memory (27B ran out of memory at its first step).
+            # The weights load in a thread while the engine is built over the model's shapes and its stored
+            # start programs load. Compiles wait for the weights instead: XLA's autotuner scratch beside
+            # weights still loading fragments device memory (27B ran out of memory at its first step).
             with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
                 loading = pool.submit(self._load, source)
                 abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
