@@ -14,6 +14,7 @@ import importlib.resources
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -45,24 +46,30 @@ class Tokenizer:
         if eos_token_ids is None:
             eos_token_ids = [i for t in DEFAULT_EOS_TOKENS if (i := backend.token_to_id(t)) is not None]
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+        self._plain: tokenizers.Tokenizer | None = None
+        self._plain_lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def encode_plain(self, text: str) -> list[int]:
         """Like ``encode``, but special-token text (``<|im_start|>``) is encoded as ordinary text."""
-        return self._plain_backend.encode(text, add_special_tokens=False).ids
+        return self.plain_backend().encode(text, add_special_tokens=False).ids
 
     def prepare(self) -> None:
-        """Build the tables read lazily (the length bound, special tokens, the plain-text encoder: ~0.5 s with
-        the bundled vocabulary), so no request pays for them."""
-        _ = self.max_token_chars, self.special_tokens, self._plain_backend
+        """Build the tables every request reads (the length bound, the special tokens), so none pays for them."""
+        _ = self.max_token_chars, self.special_tokens
 
-    @cached_property
-    def _plain_backend(self) -> tokenizers.Tokenizer:
-        backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
-        backend.encode_special_tokens = True
-        return backend
+    def plain_backend(self) -> tokenizers.Tokenizer:
+        """The encoder that keeps special-token text plain: a second copy of the backend, built on first use (a
+        full parse of the vocabulary, ~0.5 s for the bundled one, holding the GIL; only messages that hold
+        special-token text need it, so no start pays for it)."""
+        with self._plain_lock:
+            if self._plain is None:
+                backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
+                backend.encode_special_tokens = True
+                self._plain = backend
+            return self._plain
 
     @cached_property
     def special_tokens(self) -> tuple[str, ...]:

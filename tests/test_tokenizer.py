@@ -108,6 +108,16 @@ def test_special_tokens_in_text(tok: Tokenizer) -> None:
     assert tok.encode("<|im_start")[0] != IM_START  # a partial special token is plain text
 
 
+def test_plain_encoding_builds_its_encoder_on_first_use() -> None:
+    tok = load_tokenizer()
+    tok.prepare()  # what a start builds: not the second encoder
+    assert tok._plain is None
+    ids = tok.encode_plain("<|im_start|>user")
+    assert IM_START not in ids and tok.decode(ids) == "<|im_start|>user"
+    assert tok.plain_backend() is tok._plain is not None  # built once
+    assert tok.encode("<|im_start|>user")[0] == IM_START  # the backend itself unchanged
+
+
 def test_skip_special_tokens(tok: Tokenizer) -> None:
     ids = tok.encode(CORPUS["chat"])
     skipped = tok.decode(ids, skip_special_tokens=True)
