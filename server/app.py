@@ -142,7 +142,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
             fit_max_tokens(len(ids), req.max_tokens, backend.max_model_len, "prompt")
         texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in req.prompts] if req.echo else []
         generation = Generation(backend.engine, tokenizer, metrics, prompt_ids, req.n,
-                                lambda sample: req.params_for(sample, req.max_tokens))
+                                lambda sample: req.params_for(sample, req.max_tokens), req.cache_salt)
         return _serve(generation, lambda g: CompletionWriter(req, g, texts, tokenizer, backend.model_name),
                       req.stream)
 
@@ -154,7 +154,7 @@ def create_app(settings: Settings | None = None, backend: Backend | None = None)
         prompt_ids, thinking = prompt_of(req)
         max_tokens = fit_max_tokens(len(prompt_ids), req.max_tokens, backend.max_model_len, "messages")
         generation = Generation(backend.engine, backend.tokenizer, metrics, [prompt_ids], req.n,
-                                lambda sample: req.params_for(sample, max_tokens))
+                                lambda sample: req.params_for(sample, max_tokens), req.cache_salt)
         return _serve(generation, lambda g: ChatWriter(req, g, thinking, backend.tokenizer, backend.model_name),
                       req.stream)
 

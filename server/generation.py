@@ -46,8 +46,9 @@ class Generation:
     """Submit every (prompt ids, params) pair; iterate ``events()``; ``cancel()`` whatever is unfinished."""
 
     def __init__(self, engine, tokenizer: Tokenizer, metrics: ServerMetrics, prompts: list[list[int]], n: int,
-                 params_for: Callable[[int], SamplingParams]):
-        """Choice ``i * n + j`` is sample j (params ``params_for(j)``) of prompt i."""
+                 params_for: Callable[[int], SamplingParams], cache_salt: str | None = None):
+        """Choice ``i * n + j`` is sample j (params ``params_for(j)``) of prompt i; ``cache_salt``: the prefix
+        cache salt of every choice."""
         self.metrics = metrics
         self.prompts = prompts
         self.arrival = time.monotonic()
@@ -57,7 +58,7 @@ class Generation:
             for prompt_ids in prompts:
                 for sample in range(n):
                     params = params_for(sample)
-                    handle = engine.submit(prompt_ids, params)
+                    handle = engine.submit(prompt_ids, params, cache_salt=cache_salt)
                     index = len(self.choices)
                     self.choices.append(Choice(index, prompt_ids, params, handle,
                                                TextAssembler(tokenizer, params, index)))

@@ -93,6 +93,7 @@ class GenerationRequest:
     continuous_usage: bool  # usage in every chunk (stream_options.continuous_usage_stats)
     tokens_as_ids: bool  # logprobs name tokens "token_id:N" (vLLM's return_tokens_as_token_ids)
     structured_field: str | None  # the field params.structured_outputs came from (what its errors name)
+    cache_salt: str | None  # prefix cache blocks shared only with requests of the same salt (vLLM's field)
 
     def params_for(self, choice: int, max_tokens: int) -> SamplingParams:
         """The sampling params of sample ``choice`` (0..n-1): seed + choice when seeded, as vLLM does; the prompt
@@ -208,7 +209,16 @@ def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: in
     return dict(model=reader.string("model"), params=params,
                 max_tokens=max_tokens, n=reader.integer("n", 1, 1, MAX_CHOICES), stream=stream,
                 include_usage=include_usage, continuous_usage=continuous_usage,
-                tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False), structured_field=field)
+                tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False), structured_field=field,
+                cache_salt=_cache_salt(reader))
+
+
+def _cache_salt(reader: Reader) -> str | None:
+    """vLLM's ``cache_salt``: a non-empty string, or absent."""
+    salt = reader.string("cache_salt")
+    if salt == "":
+        raise bad_request("cache_salt: must be a non-empty string if given", "cache_salt")
+    return salt
 
 
 def _prompts(value: Any) -> list[str | list[int]]:

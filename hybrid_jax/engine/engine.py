@@ -75,8 +75,10 @@ class Engine:
         self._stop = threading.Event()
 
     # -- public API ----------------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> RequestHandle:
-        """Queue a request; raises ValueError if it can never fit, QueueFullError when the queue is full."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               cache_salt: str | None = None) -> RequestHandle:
+        """Queue a request; raises ValueError if it can never fit, QueueFullError when the queue is full.
+        ``cache_salt``: the prefix cache shares blocks only among requests with the same salt (vLLM's)."""
         params.validate()
         vocab = self.runner.model.config.vocab_size
         if not prompt_ids:
@@ -88,9 +90,11 @@ class Engine:
         self.scheduler.check(len(prompt_ids), params.max_tokens)
         # The step reads seeds as uint32: any integer seed maps into that range (negative or > 2**32 too).
         seed = params.seed % 2**32 if params.seed is not None else int(self._seeds.integers(0, 2**31))
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError("cache_salt: must be a non-empty string if given")
         request = Request(request_id or f"req-{next(self._ids)}", list(prompt_ids), params, seed,
                           min_tokens_stops=stops, thinking_end=self._thinking_end(prompt_ids, params),
-                          grammar=self._grammar(prompt_ids, params))
+                          grammar=self._grammar(prompt_ids, params), cache_salt=cache_salt)
         self.scheduler.put(request)
         return RequestHandle(request, self.cancel)
 

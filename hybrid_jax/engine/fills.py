@@ -25,14 +25,14 @@ class Fills:
         self.pending: deque[Request] = deque(maxlen=MAX_PENDING)
         self._last_busy = 0.0  # when the engine last had a request to wait for or run
 
-    def plan(self, r: Request, cached: Callable[[list[int]], bool]) -> None:
+    def plan(self, r: Request, cached: Callable[[list[int], str | None], bool]) -> None:
         """Keep a fill of finished ``r``'s tokens up to their last block boundary when its output crossed one that
         is not ``cached`` yet (decode's snapshots cache most)."""
         tokens, b = r.prompt_ids + r.output_ids, self.block_size
         end = len(tokens) // b * b
-        if end > len(r.prompt_ids) // b * b and not cached(tokens[:end]):
+        if end > len(r.prompt_ids) // b * b and not cached(tokens[:end], r.cache_salt):
             self.pending.append(Request(f"{r.request_id}-fill", tokens[:end], SamplingParams(max_tokens=1), 0,
-                                        fill=True))
+                                        fill=True, cache_salt=r.cache_salt))
 
     def busy(self) -> None:
         """The engine has a request to wait for or run now."""

@@ -66,8 +66,8 @@ class OutputSnapshots:
                 continue
             for index in range(len(r.blocks), p.boundary // b):
                 parent = r.blocks[-1].block_id if r.blocks else ROOT
-                r.blocks.append(self.prefix.add(parent, tokens, index, r.pages[index * per_block:
-                                                                              (index + 1) * per_block])[0])
+                pages = r.pages[index * per_block: (index + 1) * per_block]
+                r.blocks.append(self.prefix.add(parent, tokens, index, pages, r.cache_salt)[0])
             block = r.blocks[p.boundary // b - 1]
             if not self.prefix.attach_snapshot(block, p.snapshot):
                 continue

@@ -3,12 +3,13 @@ snapshots are cached, who holds them, and what is evicted when the pools run sho
 
 A block is ``block_size`` prompt tokens at a multiple of ``block_size``; it is keyed by its parent block and
 its own tokens, so a key names every token up to the block's end and a lookup compares tokens, never a hash
-alone. A block owns the KV pages that cover it (read-only while cached: a request writes KV only at positions
-past the blocks it holds) and, at some boundaries, a snapshot (the GDN conv ring, recurrent state and prompt
-mask of a slot right after the block's last token). Requests hold the blocks of their prompt (refcounts);
-blocks no request holds stay cached in LRU order and are evicted, descendants with them, when pages or
-snapshots run short. With a host tier (`host_tier.HostTier`) evicted blocks move to host memory instead, and a
-hit brings them back (`restore`).
+alone. A request's cache salt (vLLM's ``cache_salt``) goes into its first block's key, so only requests with
+the same salt share blocks. A block owns the KV pages that cover it (read-only while cached: a request writes
+KV only at positions past the blocks it holds) and, at some boundaries, a snapshot (the GDN conv ring,
+recurrent state and prompt mask of a slot right after the block's last token). Requests hold the blocks of
+their prompt (refcounts); blocks no request holds stay cached in LRU order and are evicted, descendants with
+them, when pages or snapshots run short. With a host tier (`host_tier.HostTier`) evicted blocks move to host
+memory instead, and a hit brings them back (`restore`).
 """
 
 from __future__ import annotations
@@ -53,15 +54,17 @@ class PrefixCache:
         self._next_id = 1
 
     # -- lookup --------------------------------------------------------------------------------------
-    def key(self, parent: int, tokens: list[int], index: int) -> tuple:
+    def key(self, parent: int, tokens: list[int], index: int, salt: str | None = None) -> tuple:
+        """(parent block id, the block's tokens), the first block's tokens after ``salt`` when there is one."""
         b = self.block_size
-        return parent, tuple(tokens[index * b: (index + 1) * b])
+        block = tuple(tokens[index * b: (index + 1) * b])
+        return parent, block if salt is None or parent != ROOT else (salt, *block)
 
-    def match(self, tokens: list[int]) -> list[Block | HostBlock]:
+    def match(self, tokens: list[int], salt: str | None = None) -> list[Block | HostBlock]:
         """The cached blocks of ``tokens``' longest cached chain of full blocks (device blocks, then host ones)."""
         chain, parent = [], ROOT
         for index in range(len(tokens) // self.block_size):
-            key = self.key(parent, tokens, index)
+            key = self.key(parent, tokens, index, salt)
             block_id = self.by_key.get(key)
             block = self.blocks[block_id] if block_id is not None else self.host.get(key) if self.host else None
             if block is None:
@@ -70,18 +73,18 @@ class PrefixCache:
             parent = block.block_id
         return chain
 
-    def hit(self, tokens: list[int]) -> list[Block | HostBlock]:
+    def hit(self, tokens: list[int], salt: str | None = None) -> list[Block | HostBlock]:
         """The blocks a request for ``tokens`` reuses: the longest cached chain ending at a snapshot that leaves
         at least the last token to compute (its logits); its host blocks, if any, come last (see `restore`)."""
-        chain = self.match(tokens[:-1])
+        chain = self.match(tokens[:-1], salt)
         while chain and not chain[-1].snapshot:
             chain.pop()
         return chain
 
-    def cached(self, tokens: list[int]) -> bool:
+    def cached(self, tokens: list[int], salt: str | None = None) -> bool:
         """Whether every block of ``tokens`` (a block multiple) is cached (on either tier), the last with its
         state."""
-        chain = self.match(tokens)
+        chain = self.match(tokens, salt)
         return len(chain) * self.block_size == len(tokens) and bool(chain) and bool(chain[-1].snapshot)
 
     def snapshot_wanted(self, boundary: int, prompt_len: int) -> bool:
@@ -151,11 +154,12 @@ class PrefixCache:
                 if block.snapshot:
                     self.unused_snapshots[block.block_id] = None
 
-    def add(self, parent: int, tokens: list[int], index: int, pages: list[int]) -> tuple[Block, bool]:
+    def add(self, parent: int, tokens: list[int], index: int, pages: list[int],
+            salt: str | None = None) -> tuple[Block, bool]:
         """Cache block ``index`` of ``tokens`` (after ``parent``) over ``pages``, held once by the caller; an
         already cached block with that key is held instead. Returns the block and whether ``pages`` became
         its pages (the cache's from now on)."""
-        key = self.key(parent, tokens, index)
+        key = self.key(parent, tokens, index, salt)
         block_id = self.by_key.get(key)
         if block_id is not None:
             block = self.blocks[block_id]

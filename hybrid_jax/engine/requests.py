@@ -60,6 +60,7 @@ class Request:
     restore_from: int = 0  # a hit's snapshot, the slot's state at its first prefill step (0: none, or read)
     cancelled: bool = False
     fill: bool = False  # made by the scheduler to cache another request's tokens: prefilled, never sampled
+    cache_salt: str | None = None  # prefix cache blocks are shared only with requests of the same salt
     finished: bool = False
     min_tokens_stops: tuple[int, ...] = ()  # the eos and stop tokens held back until min_tokens
     thinking_end: ThinkingEnd | None = None  # cleared once the end token is out

@@ -162,13 +162,13 @@ class Scheduler:
         if self.fills is not None and not self.idle:
             self.fills.busy()
         elif self.fills is not None and self.slots.num_free and (fill := self.fills.take()) is not None \
-                and not self.prefix.cached(fill.prompt_ids):
+                and not self.prefix.cached(fill.prompt_ids, fill.cache_salt):
             self._admit(fill)  # no room: dropped
 
     def _admit(self, r: Request) -> bool:
         """Give ``r`` a slot and its pages, on its prefix's hit (its first prefill step starts from the hit's
         snapshot: ``restore_from``); False when its pages cannot be freed."""
-        hit = self.prefix.hit(r.prompt_ids) if self.prefix is not None else []
+        hit = self.prefix.hit(r.prompt_ids, r.cache_salt) if self.prefix is not None else []
         on_host = [block for block in hit if isinstance(block, HostBlock)]  # the chain's last blocks
         hit = hit[: len(hit) - len(on_host)]
         shared = [p for block in hit for p in block.pages]
@@ -348,7 +348,7 @@ class Scheduler:
             for index in range(len(r.blocks), r.num_prefilled // block_size):
                 parent = r.blocks[-1].block_id if r.blocks else ROOT
                 pages = r.pages[index * per_block: (index + 1) * per_block]
-                r.blocks.append(self.prefix.add(parent, r.prompt_ids, index, pages)[0])
+                r.blocks.append(self.prefix.add(parent, r.prompt_ids, index, pages, r.cache_salt)[0])
             for boundary, snapshot in plan:
                 self.prefix.attach_snapshot(r.blocks[boundary // block_size - 1], snapshot)
             if r.fill and r.num_prefilled == len(r.prompt_ids):

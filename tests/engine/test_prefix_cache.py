@@ -161,6 +161,22 @@ def test_evicted_blocks_come_back_from_the_host_tier(three_off, tp):
     jax.tree.map(np.testing.assert_array_equal, after, before)
 
 
+def test_a_cache_salt_shares_blocks_only_with_its_own(model, reference):
+    engine = make_engine(model)
+    try:
+        outputs, cached = [], []
+        for salt in ("tenant-a", "tenant-b", None, "tenant-a"):
+            handle = engine.submit(BASE[:200], GREEDY, cache_salt=salt)
+            outputs.append(result(handle))
+            cached.append(handle.num_cached_tokens)
+        with pytest.raises(ValueError, match="cache_salt"):
+            engine.submit(BASE[:200], GREEDY, cache_salt="")
+    finally:
+        engine.shutdown()
+    assert cached == [0, 0, 0, 192]
+    assert all(out == reference[0] for out in outputs)
+
+
 def test_reset_empties_the_cache(model):
     engine = make_engine(model)
     try:

@@ -126,6 +126,23 @@ def test_a_hit_shares_pages_restores_a_snapshot_and_prefills_the_rest():
     assert s.counters["prefix_cache_hits"] == 128 and s.counters["prefix_cache_queries"] == 150 + 143
 
 
+def test_requests_share_blocks_only_with_the_same_cache_salt():
+    s = make()
+    base = prompt(200)
+    salted = request("a", base[:150])
+    salted.cache_salt = "tenant-a"
+    run(s, salted)
+    hits = {}
+    for name, salt in (("none", None), ("other", "tenant-b"), ("same", "tenant-a")):
+        r = request(name, base[:150])
+        r.cache_salt = salt
+        run(s, r)
+        hits[name] = r.num_cached_tokens
+    assert hits == {"none": 0, "other": 0, "same": 128}
+    assert s.prefix.match(base[:128], "tenant-a")[0] is not s.prefix.match(base[:128])[0]
+    assert len(s.prefix.match(base[:128], "tenant-b")) == 2  # cached by its own request since
+
+
 def test_divergence_mid_block_reuses_the_blocks_before_it():
     s = make()
     base = prompt(200)
@@ -257,7 +274,7 @@ def test_a_host_tier_too_small_for_a_block_keeps_nothing():
                          ids=["device", "with-host-tier", "few-snapshots"])
 def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything_accounted_for(host_blocks,
                                                                                                snapshots):
-    rng = random.Random(0)
+    rng, salts = random.Random(0), random.Random(1)
     s = make(pages=40, slots=4, snapshots=snapshots, stride=2, prefill_chunk=96, host_blocks=host_blocks)
     bases = [prompt(400, seed=i) for i in range(4)]
     pending, output_cached = [], False
@@ -266,6 +283,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         n = rng.randrange(1, 300)
         tail = [rng.randrange(500) for _ in range(rng.randrange(0, 40))]
         pending.append(request(f"r{i}", base[:n] + tail, max_tokens=rng.randrange(1, 48)))
+        pending[-1].cache_salt = salts.choice((None, None, "tenant"))
     while pending or not s.idle:
         for _ in range(rng.randrange(0, 3)):
             if pending:

@@ -1,14 +1,20 @@
-"""The prefix cache's server surface: the serve flag, the metrics, cached tokens in usage, the reset endpoint."""
+"""The prefix cache's server surface: the serve flag, the metrics, cached tokens in usage, cache_salt, the reset
+endpoint."""
 
 from types import SimpleNamespace
 
+import pytest
+
 from hybrid_jax.cli import parser
+from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.tokenizer import load_tokenizer
 from server.app import create_app
 from server.backend import Backend
 from server.cli import add_serve
+from server.errors import APIError
 from server.generation import Generation
 from server.metrics import ServerMetrics
+from server.protocol import parse_chat, parse_completion
 from server.settings import Settings
 
 
@@ -37,6 +43,22 @@ def test_usage_counts_cached_tokens_once_per_prompt():
     generation.choices = [SimpleNamespace(handle=handle(c), output=output) for c in (64, 64, 0, 0)]  # n = 2
     assert generation.usage() == {"prompt_tokens": 170, "completion_tokens": 8, "total_tokens": 178,
                                   "prompt_tokens_details": {"cached_tokens": 64}}
+
+
+def test_cache_salt_reaches_every_choice_and_must_be_a_non_empty_string():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_completion({"prompt": "x", "cache_salt": "tenant-a"}, {}).cache_salt == "tenant-a"
+    assert parse_chat({**chat, "cache_salt": "tenant-a"}, {}).cache_salt == "tenant-a"
+    assert parse_chat(chat, {}).cache_salt is None
+    for bad in ("", 5):
+        with pytest.raises(APIError) as caught:
+            parse_completion({"prompt": "x", "cache_salt": bad}, {})
+        assert caught.value.param == "cache_salt"
+    salts = []
+    engine = SimpleNamespace(submit=lambda ids, params, cache_salt=None: salts.append(cache_salt))
+    Generation(engine, load_tokenizer(), ServerMetrics(lambda: {}, "m"), [[1, 2], [3]], 2,
+               lambda sample: SamplingParams(max_tokens=1), "tenant-a")
+    assert salts == ["tenant-a"] * 4
 
 
 def test_reset_endpoint_resets_the_engines_prefix_cache():
