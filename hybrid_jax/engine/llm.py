@@ -149,15 +149,17 @@ class LLM:
     def close(self) -> None:
         self.engine.shutdown()
 
-    def generate(self, prompts: str | list[str] | None = None, sampling_params=None, *,
+    def generate(self, prompts: str | dict | list[str | dict] | None = None, sampling_params=None, *,
                  prompt_token_ids: list[list[int]] | None = None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt through the engine; results in prompt order."""
+        """Run every prompt through the engine; results in prompt order. A prompt is a string or, as vLLM's,
+        ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``, either with an optional ``"cache_salt"``."""
         if prompts is not None and prompt_token_ids is not None:
             raise ValueError("prompts: give either prompts or prompt_token_ids, not both")
-        if isinstance(prompts, str):
+        if isinstance(prompts, str | dict):
             prompts = [prompts]
-        texts = prompts or [None] * len(prompt_token_ids or [])
-        ids = prompt_token_ids or [self.tokenizer.encode(p) for p in prompts or []]
+        parsed = ([self._prompt(p) for p in prompts] if prompts is not None
+                  else [(None, list(p), None) for p in prompt_token_ids or []])
+        texts, ids, salts = (list(column) for column in zip(*parsed, strict=True)) if parsed else ([], [], [])
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(ids)
         if len(params) != len(ids):
@@ -165,7 +167,8 @@ class LLM:
         for p in params:
             if p.bad_words and not p.bad_words_token_ids:
                 p.update_from_tokenizer(self.tokenizer)
-        handles = [self.engine.submit(p_ids, p) for p_ids, p in zip(ids, params, strict=True)]
+        handles = [self.engine.submit(p_ids, p, cache_salt=salt) for p_ids, p, salt in zip(ids, params, salts,
+                                                                                            strict=True)]
         results = []
         for text, p_ids, p, handle in tqdm(list(zip(texts, ids, params, handles, strict=True)),
                                            disable=not use_tqdm, desc="generate"):
@@ -176,8 +179,23 @@ class LLM:
                     handle.cancel()
                     break
             results.append(RequestOutput(handle.request_id, text, list(p_ids), [assembler.output],
-                                         prompt_logprobs=prompt_logprob_dicts(p_ids, handle.prompt_logprobs())))
+                                         prompt_logprobs=prompt_logprob_dicts(p_ids, handle.prompt_logprobs()),
+                                         num_cached_tokens=handle.num_cached_tokens))
         return results
+
+    def _prompt(self, prompt: str | dict) -> tuple[str | None, list[int], str | None]:
+        """(text, token ids, cache salt) of one prompt of `generate`."""
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt), None
+        if not isinstance(prompt, dict):
+            raise ValueError("prompts: each must be a string or a dict")
+        if unknown := sorted(set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}):
+            raise ValueError(f"prompts: unknown key {unknown[0]!r}")
+        if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+            raise ValueError("prompts: a dict prompt has one of 'prompt' and 'prompt_token_ids'")
+        text = prompt.get("prompt")
+        ids = self.tokenizer.encode(text) if text is not None else list(prompt["prompt_token_ids"])
+        return text, ids, prompt.get("cache_salt")
 
     def score(self, texts: list[str] | None = None, *, prompt_token_ids: list[list[int]] | None = None,
               batch_size: int = 8) -> list[ScoreOutput]:

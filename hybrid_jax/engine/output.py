@@ -28,6 +28,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token (None for the first)
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache
 
 
 class TextAssembler:

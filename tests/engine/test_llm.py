@@ -34,6 +34,22 @@ def test_generate_token_ids_in_prompt_order(llm):
         assert o.outputs[0].finish_reason == "length"
 
 
+def test_dict_prompts_with_a_cache_salt(llm):
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    prompt = list(range(100, 240))  # two full blocks of 64 and some
+    llm.engine.reset_prefix_cache()
+    outs = [llm.generate([{"prompt_token_ids": prompt, "cache_salt": salt}], params)[0]
+            for salt in ("a", "b", "a")]
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 128]
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) == 1
+    text = llm.generate({"prompt": "a b", "cache_salt": "a"}, params)[0]  # ids below the checkpoint's 512
+    assert text.prompt == "a b" and text.prompt_token_ids == llm.tokenizer.encode("a b")
+    for bad, why in (({"prompt": "x", "prompt_token_ids": [1]}, "one of"), ({"text": "x"}, "unknown key"),
+                     ({"prompt": "x", "cache_salt": ""}, "cache_salt"), (5, "string or a dict")):
+        with pytest.raises(ValueError, match=why):
+            llm.generate([bad], params)
+
+
 def test_stop_string_cuts_text(llm):
     params = dict(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)
     full = llm.generate(prompt_token_ids=[[40, 41, 42]], sampling_params=SamplingParams(**params))[0].outputs[0]
