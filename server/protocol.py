@@ -210,15 +210,7 @@ def _common(reader: Reader, defaults: JSON, logprobs: int | None, max_tokens: in
                 max_tokens=max_tokens, n=reader.integer("n", 1, 1, MAX_CHOICES), stream=stream,
                 include_usage=include_usage, continuous_usage=continuous_usage,
                 tokens_as_ids=reader.boolean("return_tokens_as_token_ids", False), structured_field=field,
-                cache_salt=_cache_salt(reader))
-
-
-def _cache_salt(reader: Reader) -> str | None:
-    """vLLM's ``cache_salt``: a non-empty string, or absent."""
-    salt = reader.string("cache_salt")
-    if salt == "":
-        raise bad_request("cache_salt: must be a non-empty string if given", "cache_salt")
-    return salt
+                cache_salt=reader.string("cache_salt"))  # Engine.submit refuses an empty one
 
 
 def _prompts(value: Any) -> list[str | list[int]]:

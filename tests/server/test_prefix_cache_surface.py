@@ -50,15 +50,25 @@ def test_cache_salt_reaches_every_choice_and_must_be_a_non_empty_string():
     assert parse_completion({"prompt": "x", "cache_salt": "tenant-a"}, {}).cache_salt == "tenant-a"
     assert parse_chat({**chat, "cache_salt": "tenant-a"}, {}).cache_salt == "tenant-a"
     assert parse_chat(chat, {}).cache_salt is None
-    for bad in ("", 5):
-        with pytest.raises(APIError) as caught:
-            parse_completion({"prompt": "x", "cache_salt": bad}, {})
-        assert caught.value.param == "cache_salt"
+    with pytest.raises(APIError) as caught:
+        parse_completion({"prompt": "x", "cache_salt": 5}, {})
+    assert caught.value.param == "cache_salt"
     salts = []
     engine = SimpleNamespace(submit=lambda ids, params, cache_salt=None: salts.append(cache_salt))
     Generation(engine, load_tokenizer(), ServerMetrics(lambda: {}, "m"), [[1, 2], [3]], 2,
                lambda sample: SamplingParams(max_tokens=1), "tenant-a")
     assert salts == ["tenant-a"] * 4
+
+
+def test_an_empty_cache_salt_is_a_400_naming_the_field():
+    def submit(ids, params, cache_salt=None):  # as Engine.submit checks it
+        raise ValueError("cache_salt: must be a non-empty string if given")
+
+    engine = SimpleNamespace(submit=submit)
+    with pytest.raises(APIError) as caught:
+        Generation(engine, load_tokenizer(), ServerMetrics(lambda: {}, "m"), [[1]], 1,
+                   lambda sample: SamplingParams(max_tokens=1), "")
+    assert caught.value.status == 400 and caught.value.param == "cache_salt"
 
 
 def test_reset_endpoint_resets_the_engines_prefix_cache():
