@@ -278,7 +278,7 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
     s = make(pages=40, slots=4, snapshots=snapshots, stride=2, prefill_chunk=96, host_blocks=host_blocks)
     bases = [prompt(400, seed=i) for i in range(4)]
     pending, output_cached = [], False
-    for i in range(300):
+    for i in range(1000):
         base = rng.choice(bases)
         n = rng.randrange(1, 300)
         tail = [rng.randrange(500) for _ in range(rng.randrange(0, 40))]
@@ -286,11 +286,11 @@ def test_random_requests_with_shared_prefixes_and_cancellations_leave_everything
         pending[-1].cache_salt = salts.choice((None, None, "tenant"))
     while pending or not s.idle:
         for _ in range(rng.randrange(0, 3)):
-            if pending:
+            if pending and len(s.waiting) < 8:  # arrivals about as fast as requests finish
                 s.put(pending.pop())
         s.take_arrivals(block=False)
         for r in [*s.waiting, *s.prefilling, *s.decoding]:
-            if rng.random() < 0.03:
+            if rng.random() < 0.005:
                 s.cancel(r)
         s.reap_cancelled()
         plans = step(s)
