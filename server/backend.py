@@ -36,7 +36,8 @@ def default_llm(settings: Settings):
                compilation_cache_dir=settings.compilation_cache_dir,
                background_compile=settings.background_compile,
                enable_prefix_caching=settings.enable_prefix_caching,
-               kv_offloading_size=settings.kv_offloading_size)
+               kv_offloading_size=settings.kv_offloading_size, snapshot_stride=settings.snapshot_stride,
+               snapshot_share=settings.snapshot_share)
 
 
 def generation_defaults(model_path: str | None) -> dict[str, Any]:

@@ -34,6 +34,13 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve_args.add_argument("--kv-offloading-size", type=float, default=0.0,
                             help="GiB of host memory that blocks evicted from the prefix cache move to, and come "
                                  "back from on a hit (default 0: none)")
+    serve_args.add_argument("--snapshot-stride", type=int, default=4,
+                            help="prefix caching: a GDN state snapshot every this many 64-token blocks of a prompt, "
+                                 "besides its last boundaries (1: a hit at any block; larger: fewer snapshots per "
+                                 "prompt, coarser hits)")
+    serve_args.add_argument("--snapshot-share", type=float, default=0.1,
+                            help="prefix caching: share of the KV cache's device memory given to GDN state "
+                                 "snapshots (the rest holds KV pages); the start-up log reports both")
     serve_args.add_argument("--request-read-timeout", type=float, default=15.0,
                             help="seconds a request's head and body may take to arrive, else 408 (slow clients)")
     serve_args.add_argument("--allowed-hosts", nargs="+", default=None,
@@ -56,6 +63,10 @@ def _serve(args: argparse.Namespace) -> None:
         raise SystemExit("--thinking-token-budget: must be >= 0")
     if args.kv_offloading_size < 0:
         raise SystemExit("--kv-offloading-size: must be >= 0")
+    if args.snapshot_stride < 1:
+        raise SystemExit("--snapshot-stride: must be >= 1")
+    if not 0 < args.snapshot_share < 1:
+        raise SystemExit("--snapshot-share: must be between 0 and 1")
     try:
         api_key = resolve_api_key(args.api_key)
     except ValueError as e:
@@ -69,7 +80,8 @@ def _serve(args: argparse.Namespace) -> None:
                         compilation_cache_dir=args.compilation_cache_dir or None,
                         background_compile=args.background_compile,
                         enable_prefix_caching=args.enable_prefix_caching,
-                        kv_offloading_size=args.kv_offloading_size,
+                        kv_offloading_size=args.kv_offloading_size, snapshot_stride=args.snapshot_stride,
+                        snapshot_share=args.snapshot_share,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
                         thinking_token_budget=args.thinking_token_budget,
                         request_read_timeout=args.request_read_timeout,

@@ -29,6 +29,8 @@ class Settings:
     background_compile: bool = True  # ready once the largest buckets are built; the rest compile after
     enable_prefix_caching: bool = True  # reuse the KV pages and GDN state of cached prompt prefixes
     kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from the prefix cache
+    snapshot_stride: int = 4  # a GDN state snapshot every this many prompt blocks (and at a prompt's last ones)
+    snapshot_share: float = 0.1  # share of the KV cache's device memory given to GDN state snapshots
     max_waiting: int = 4096
     api_key: str | None = None
     max_body_bytes: int = 32 * 1024 * 1024

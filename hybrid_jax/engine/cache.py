@@ -49,6 +49,27 @@ def page_bytes(config: Qwen35Config, dtype, page_size: int) -> int:
     return 2 * page_size * c.num_key_value_heads * c.head_dim * jnp.dtype(dtype).itemsize * len(c.attention_layers)
 
 
+def page_device_bytes(config: Qwen35Config, dtype, page_size: int, tp: int = 1) -> float:
+    """Bytes of one KV page on each of ``tp`` devices (KV heads split over them, each shard holding at least one)."""
+    kv_heads = config.num_key_value_heads
+    return page_bytes(config, dtype, page_size) * max(kv_heads, tp) / (kv_heads * tp)
+
+
+def memory_report(layout: CacheLayout, config: Qwen35Config, dtype, vocab: int, tp: int = 1) -> str:
+    """One line on the KV pool and the prefix cache's snapshot pool: their sizes in tokens, snapshots and GiB per
+    device (the start-up log's)."""
+    gib = lambda n: f"{n / 2**30:.2f} GiB"
+    pages = layout.num_pages - 1
+    kv = pages * page_device_bytes(config, dtype, layout.page_size, tp)
+    where = " per device" if tp > 1 else ""
+    line = (f"KV cache: {pages:,} pages of {layout.page_size} tokens ({pages * layout.page_size:,} tokens, "
+            f"{gib(kv)}{where}), shared by running requests and cached prefix blocks")
+    if not layout.num_snapshots:
+        return line
+    snapshots = layout.num_snapshots - 1
+    return f"{line}; {snapshots:,} GDN state snapshots ({gib(snapshots * snapshot_bytes(config, dtype, vocab) / tp)})"
+
+
 def allocate_pools(shapes: dict, shardings: dict | None = None, store: ExecutableStore | None = None,
                    name: str = "pools") -> dict:
     """Zeroed pools, each created directly with its sharding (never whole on one device first), by one program
@@ -136,8 +157,7 @@ def plan_layout(config: Qwen35Config, dtype, vocab: int, *, max_batch: int, max_
         else:
             # Per device: state slots and KV pages split over ``tp`` shards (KV heads at least one per shard).
             budget = (limit - weight_bytes) * memory_utilization - num_slots * slot_bytes(config, dtype, vocab) / tp
-            per_page = page_bytes(config, dtype, page_size) * max(config.num_key_value_heads, tp) / \
-                (config.num_key_value_heads * tp)
+            per_page = page_device_bytes(config, dtype, page_size, tp)
             if num_snapshots is None:
                 num_snapshots = int(budget * snapshot_share // (snapshot_bytes(config, dtype, vocab) / tp)) + 1
             budget -= (num_snapshots - 1) * snapshot_bytes(config, dtype, vocab) / tp if num_snapshots else 0

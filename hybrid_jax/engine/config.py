@@ -44,6 +44,8 @@ class EngineConfig:
             raise ValueError(f"kv_offloading_size: must be at least 0 GiB, got {self.kv_offloading_size}")
         if self.snapshot_stride < 1:
             raise ValueError(f"snapshot_stride: must be at least 1, got {self.snapshot_stride}")
+        if not 0 < self.snapshot_share < 1:
+            raise ValueError(f"snapshot_share: must be between 0 and 1, got {self.snapshot_share}")
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import threading
 
 import numpy as np
 
-from hybrid_jax.engine.cache import BlockAllocator
+from hybrid_jax.engine.cache import BlockAllocator, memory_report
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.grammar import GrammarCompiler, GrammarError, GrammarState
@@ -58,8 +58,10 @@ class Engine:
         if layout.num_snapshots:
             prefix = PrefixCache(config.prefix_block, layout.page_size, pages, BlockAllocator(layout.num_snapshots),
                                  config.snapshot_stride, host=self.runner.host_tier)
-        log.info("prefix caching: %s", f"on, blocks of {config.prefix_block} tokens, {layout.num_snapshots - 1} "
-                 f"state snapshots (every {config.snapshot_stride} blocks)" if prefix is not None else "off")
+        log.info("start-up: %s", memory_report(layout, model.config, model.dtype, model.config.vocab_size,
+                                               config.tensor_parallel_size))
+        log.info("prefix caching: %s", f"on, blocks of {config.prefix_block} tokens, a snapshot every "
+                 f"{config.snapshot_stride} blocks and at a prompt's last boundaries" if prefix is not None else "off")
         self.scheduler = Scheduler(config, BlockAllocator(layout.num_slots), pages, page_size=layout.page_size,
                                    decode_steps=self.runner.decode_steps, eos_token_ids=eos_token_ids,
                                    prefix=prefix)

@@ -49,6 +49,11 @@ def test_config_checked():
         EngineConfig(max_batch=4, decode_sizes=(2, 8))
     with pytest.raises(ValueError, match="compile_threads"):
         EngineConfig(compile_threads=0)
+    with pytest.raises(ValueError, match="snapshot_stride"):
+        EngineConfig(snapshot_stride=0)
+    for share in (0.0, 1.0):
+        with pytest.raises(ValueError, match="snapshot_share"):
+            EngineConfig(snapshot_share=share)
 
 
 def tokens(handle):

@@ -28,3 +28,15 @@ def test_plan_from_the_memory_limit(monkeypatch):
     assert plan(2**28).num_pages > plan(2**29).num_pages  # the weights' share is taken first
     with_snapshots = plan(2**28, share=0.25)
     assert with_snapshots.num_snapshots > 1 and with_snapshots.num_pages < plan(2**28).num_pages
+
+
+def test_memory_report_gives_the_pools_in_tokens_snapshots_and_gib():
+    config = preset("tiny")
+    layout = cache.CacheLayout(num_pages=101, page_size=16, num_slots=5, max_pages_per_seq=16, num_snapshots=9)
+    report = cache.memory_report(layout, config, jnp.float32, config.vocab_size)
+    kv_gib = 100 * cache.page_bytes(config, jnp.float32, 16) / 2**30
+    snapshot_gib = 8 * cache.snapshot_bytes(config, jnp.float32, config.vocab_size) / 2**30
+    assert report == (f"KV cache: 100 pages of 16 tokens (1,600 tokens, {kv_gib:.2f} GiB), shared by running "
+                      f"requests and cached prefix blocks; 8 GDN state snapshots ({snapshot_gib:.2f} GiB)")
+    off = cache.memory_report(cache.CacheLayout(101, 16, 5, 16), config, jnp.float32, config.vocab_size, tp=2)
+    assert off.endswith("GiB per device), shared by running requests and cached prefix blocks")

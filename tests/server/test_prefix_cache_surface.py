@@ -23,6 +23,19 @@ def test_serve_flag():
     assert parser(add_serve).parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
     assert parser(add_serve).parse_args(["serve"]).kv_offloading_size == 0.0
     assert parser(add_serve).parse_args(["serve", "--kv-offloading-size", "64"]).kv_offloading_size == 64.0
+    args = parser(add_serve).parse_args(["serve"])
+    assert (args.snapshot_stride, args.snapshot_share) == (Settings.snapshot_stride, Settings.snapshot_share)
+    args = parser(add_serve).parse_args(["serve", "--snapshot-stride", "1", "--snapshot-share", "0.25"])
+    assert (args.snapshot_stride, args.snapshot_share) == (1, 0.25)
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--snapshot-stride", "0"], "--snapshot-stride"),
+                                              (["--snapshot-share", "1"], "--snapshot-share"),
+                                              (["--snapshot-share", "0"], "--snapshot-share")])
+def test_snapshot_flags_out_of_range_exit_naming_the_flag(flags, named):
+    args = parser(add_serve).parse_args(["serve", *flags])
+    with pytest.raises(SystemExit, match=named):
+        args.run(args)
 
 
 def test_prefix_cache_counters_on_metrics():
