@@ -34,11 +34,11 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
     serve_args.add_argument("--kv-offloading-size", type=float, default=0.0,
                             help="GiB of host memory that blocks evicted from the prefix cache move to, and come "
                                  "back from on a hit (default 0: none)")
-    serve_args.add_argument("--snapshot-stride", type=int, default=4,
+    serve_args.add_argument("--snapshot-stride", type=int, default=Settings.snapshot_stride,
                             help="prefix caching: a GDN state snapshot every this many 64-token blocks of a prompt, "
                                  "besides its last boundaries (1: a hit at any block; larger: fewer snapshots per "
                                  "prompt, coarser hits)")
-    serve_args.add_argument("--snapshot-share", type=float, default=0.1,
+    serve_args.add_argument("--snapshot-share", type=float, default=Settings.snapshot_share,
                             help="prefix caching: share of the KV cache's device memory given to GDN state "
                                  "snapshots (the rest holds KV pages); the start-up log reports both")
     serve_args.add_argument("--request-read-timeout", type=float, default=15.0,

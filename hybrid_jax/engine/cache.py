@@ -62,12 +62,13 @@ def memory_report(layout: CacheLayout, config: Qwen35Config, dtype, vocab: int, 
     pages = layout.num_pages - 1
     kv = pages * page_device_bytes(config, dtype, layout.page_size, tp)
     where = " per device" if tp > 1 else ""
-    line = (f"KV cache: {pages:,} pages of {layout.page_size} tokens ({pages * layout.page_size:,} tokens, "
-            f"{gib(kv)}{where}), shared by running requests and cached prefix blocks")
+    tokens = pages * layout.page_size
+    line = f"KV cache: {pages:,} pages of {layout.page_size} tokens ({tokens:,} tokens, {gib(kv)}{where})"
     if not layout.num_snapshots:
         return line
     snapshots = layout.num_snapshots - 1
-    return f"{line}; {snapshots:,} GDN state snapshots ({gib(snapshots * snapshot_bytes(config, dtype, vocab) / tp)})"
+    return (f"{line}, shared by running requests and cached prefix blocks; {snapshots:,} GDN state snapshots "
+            f"({gib(snapshots * snapshot_bytes(config, dtype, vocab) / tp)})")
 
 
 def allocate_pools(shapes: dict, shardings: dict | None = None, store: ExecutableStore | None = None,
