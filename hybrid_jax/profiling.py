@@ -6,6 +6,7 @@ import collections
 import glob
 import gzip
 import json
+import re
 import tempfile
 
 import jax
@@ -61,3 +62,23 @@ def trace_kernels(fn, *args, calls: int = 5) -> list[dict]:
         jax.block_until_ready(fn(*args))
     jax.profiler.stop_trace()
     return device_kernels(trace_dir, calls)
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's name without XLA's numbering (``input_scatter_fusion.12`` -> ``input_scatter_fusion``), so that
+    the fusions one piece of code compiles to are summed together."""
+    return re.sub(r"[._]\d+", "", name)
+
+
+def by_family(rows: list[dict]) -> dict[str, float]:
+    """`device_kernels` rows -> {kernel family: us}."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    for row in rows:
+        totals[kernel_family(row["name"])] += row["us"]
+    return dict(totals)
+
+
+def largest_differences(a: dict[str, float], b: dict[str, float], top: int) -> list[tuple[str, float, float]]:
+    """The ``top`` kernels whose times in ``a`` and ``b`` ({kernel: us}) differ most: [(kernel, a us, b us)]."""
+    names = sorted(set(a) | set(b), key=lambda k: -abs(a.get(k, 0.0) - b.get(k, 0.0)))
+    return [(k, a.get(k, 0.0), b.get(k, 0.0)) for k in names[:top]]

@@ -3,7 +3,14 @@
 import gzip
 import json
 
-from hybrid_jax.profiling import busy_spans, device_events, device_kernels
+from hybrid_jax.profiling import (
+    busy_spans,
+    by_family,
+    device_events,
+    device_kernels,
+    kernel_family,
+    largest_differences,
+)
 
 
 def test_sums_device_stream_events_per_kernel(tmp_path):
@@ -31,3 +38,13 @@ def test_sums_device_stream_events_per_kernel(tmp_path):
     assert [name for name, _, _ in events] == ["gemv", "gemv", "fusion_3"]
     assert busy_spans(events, gap_us=12) == [(42.0, 26.0, ["gemv", "gemv", "fusion_3"])]
     assert busy_spans(events, gap_us=8) == [(10.0, 10.0, ["gemv"]), (22.0, 16.0, ["gemv", "fusion_3"])]
+
+
+def test_kernel_families_and_their_largest_differences():
+    assert kernel_family("input_scatter_fusion.12") == "input_scatter_fusion"
+    assert kernel_family("loop_gather_fusion_3") == "loop_gather_fusion"
+    assert kernel_family("nvjet_sm90_tssx128x6x1_v_bz_NNT") == "nvjet_sm90_tssx128x6x1_v_bz_NNT"
+    on = by_family([{"name": "scatter.1", "us": 5.0}, {"name": "scatter.2", "us": 7.0}, {"name": "gemv", "us": 50.0}])
+    off = by_family([{"name": "scatter.3", "us": 6.0}, {"name": "gemv", "us": 51.0}, {"name": "copy", "us": 2.0}])
+    assert on == {"scatter": 12.0, "gemv": 50.0}
+    assert largest_differences(on, off, 2) == [("scatter", 12.0, 6.0), ("copy", 0.0, 2.0)]

@@ -134,15 +134,16 @@ class _Paged(Cache):
 def snapshot_entries(snapshot_ids, cu_seqlens):
     """The snapshots a prefill step writes, as fixed-size lists: snapshot_ids [S, N] (sequence s's state after its
     GDN chunk c, its first min((c + 1) 64, tokens) tokens, into snapshot ids[s, c] where > 0) -> (sequence [N],
-    tokens into the chunk [N], snapshot [N]), entries past the last named one at snapshot ``UNNAMED`` (past any
-    pool: dropped by the scatters). N entries suffice: each but a sequence's last takes 64 of the step's tokens."""
+    tokens into the chunk [N], snapshot [N]), entries past the last named one at distinct snapshots from
+    ``UNNAMED`` on (past any pool: dropped by the scatters, whose indices stay unique). N entries suffice: each but
+    a sequence's last takes 64 of the step's tokens."""
     num_chunks = snapshot_ids.shape[1]
     flat = snapshot_ids.reshape(-1)  # [S N]
     (index,) = jnp.nonzero(flat > 0, size=num_chunks, fill_value=flat.shape[0])
     named = index < flat.shape[0]
     seq, chunk = jnp.where(named, index // num_chunks, 0), index % num_chunks
     tokens = jnp.minimum((chunk + 1) * 64, cu_seqlens[seq + 1] - cu_seqlens[seq])
-    snapshot = jnp.where(named, flat[jnp.minimum(index, flat.shape[0] - 1)], UNNAMED)
+    snapshot = jnp.where(named, flat[jnp.minimum(index, flat.shape[0] - 1)], UNNAMED + jnp.arange(num_chunks))
     return seq, tokens, snapshot
 
 
@@ -199,11 +200,11 @@ class PrefillCache(_Paged):
         ext: `_packed_conv`'s cached + new columns; new_tokens [S]."""
         seq, tokens, snapshot = snapshot_entries(self.snapshot_ids, self.cu_seqlens)  # [M] each
         offsets = tokens[:, None] - kernel + jnp.arange(kernel)[None, :]  # [M, K] within the chunk (may be < 0)
-        columns = (self.context_lens - new_tokens)[seq][:, None] + offsets  # [M, K] positions in the sequence
-        rings = jnp.zeros((seq.shape[0], kernel, ext.shape[-1]), snap_conv.dtype)
-        rings = rings.at[jnp.arange(seq.shape[0])[:, None], columns % kernel].set(
-            ext[self._ext_row(seq[:, None], offsets, kernel)].astype(snap_conv.dtype))
-        return snap_conv.at[snapshot].set(rings, mode="drop")
+        positions = (self.context_lens - new_tokens)[seq][:, None] + offsets  # [M, K] in the sequence
+        columns = ext[self._ext_row(seq[:, None], offsets, kernel)].astype(snap_conv.dtype)  # [M, K, C]
+        # One scatter of every entry's K columns, each to its ring position; (snapshot, position) pairs are
+        # distinct, so the writes need no atomics.
+        return snap_conv.at[snapshot[:, None], positions % kernel].set(columns, mode="drop", unique_indices=True)
 
     def _ext_row(self, seq, offset, kernel: int):
         """The row of `_packed_conv`'s ext holding time ``offset`` (may be down to -(K-1): a cached column) of

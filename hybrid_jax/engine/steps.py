@@ -81,8 +81,11 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
     prompt_mask = start_rows(pools["prompt_mask"], batch.slot_ids, batch.is_first,
                              None if snapshots is None else snapshots["prompt_mask"], batch.restore_ids)
     if snapshots is not None:
-        snapshots = {"layers": cache.updated_snapshots,
-                     "prompt_mask": _prompt_mask_snapshots(snapshots["prompt_mask"], prompt_mask, batch)}
+        masks = _prompt_mask_snapshots(snapshots["prompt_mask"], prompt_mask, batch)
+        # The snapshots read prompt_mask rows before the scatter below writes it: ordering the two lets XLA
+        # update the [slots, V] mask in place rather than copy it.
+        masks, prompt_mask = jax.lax.optimization_barrier((masks, prompt_mask))
+        snapshots = {"layers": cache.updated_snapshots, "prompt_mask": masks}
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
@@ -100,7 +103,7 @@ def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
     entries = jnp.arange(seq.shape[0])[:, None]
     masks = prompt_mask[batch.slot_ids[seq]].at[entries, jnp.where(before, batch.tokens, UNNAMED)].set(
         True, mode="drop")  # [M, V]
-    return snapshot_masks.at[snapshot].set(masks, mode="drop")
+    return snapshot_masks.at[snapshot].set(masks, mode="drop", unique_indices=True)
 
 
 def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, kernels: PagedKernels,
@@ -123,6 +126,9 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
         (rows,) = jnp.nonzero(snapshot_ids > 0, size=DECODE_SNAPSHOTS, fill_value=0)  # [M]
         slots = batch.slot_ids[rows]
         seen = pools["prompt_mask"][slots] | (pools["output_counts"][slots] > 0)  # [M, V]
+        seen, counts = jax.lax.optimization_barrier((seen, pools["output_counts"]))  # read before the sample's
+        # in-place update of the counts, which XLA's CPU backend otherwise copies whole each step
+        pools = {**pools, "output_counts": counts}
         masks = snapshots["prompt_mask"]
         for ids, mask in zip(snapshot_ids[rows], seen, strict=True):  # id 0 (none): the null snapshot's garbage
             masks = jax.lax.dynamic_update_slice(masks, mask[None], (ids, 0))  # in place, one row each

@@ -3,12 +3,14 @@ on with a host tier (``host``) and off, one engine after the other in one proces
 real shapes.
 
     python3 scripts/gpu/profile_engine.py --size 9b [--concurrency 64] [--num-prompts 256] [--out prof.json]
-        [--variants on off host] [--kv-offloading-size 32]
+        [--variants on off host] [--kv-offloading-size 32] [--trace-prompts 64]
 
 Clients keep ``--concurrency`` requests of random 1024/128 token ids in flight (greedy, ignore_eos), as
 scripts/bench_serving.py does over HTTP. A sampler reads the engine thread's stack every millisecond; the
 table gives output tokens/s, TPOT p50 and the functions the engine thread was in most (its innermost frame in
-hybrid_jax, with the caller).
+hybrid_jax, with the caller). ``--trace-prompts N`` then runs N more prompts under jax.profiler: the device's
+busy share of that loop's wall time, and the kernels whose total time differs most between the first two
+variants (is a variant's cost device work, or time the device waits on the host?).
 """
 
 from __future__ import annotations
@@ -20,14 +22,17 @@ import math
 import re
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
+import jax
 import numpy as np
 
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
+from hybrid_jax.profiling import by_family, device_kernels, largest_differences
 
 
 class StackSampler(threading.Thread):
@@ -88,6 +93,17 @@ def closed_loop(engine: Engine, prompts: list[list[int]], concurrency: int, outp
     return {"output_tok_s": tokens[0] / wall, "tpot_p50_ms": 1e3 * statistics.median(tpot), "wall_s": wall}
 
 
+def traced_loop(engine: Engine, prompts: list[list[int]], concurrency: int) -> dict:
+    """``closed_loop`` under jax.profiler: its wall time, the device's busy time and {kernel family: ms}."""
+    trace_dir = tempfile.mkdtemp(prefix="hybrid_jax_trace_")
+    jax.profiler.start_trace(trace_dir)
+    wall = closed_loop(engine, prompts, concurrency, 128)["wall_s"]
+    jax.profiler.stop_trace()
+    kernels = device_kernels(trace_dir)
+    return {"wall_s": wall, "device_busy_s": sum(k["us"] for k in kernels) / 1e6,
+            "kernels_ms": {k: us / 1e3 for k, us in by_family(kernels).items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.8b")
@@ -98,6 +114,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--variants", nargs="+", choices=("on", "off", "host"), default=["on", "off"])
     parser.add_argument("--kv-offloading-size", type=float, default=32.0, help="GiB, for the host variant")
+    parser.add_argument("--trace-prompts", type=int, default=0, metavar="N",
+                        help="trace a further loop of N prompts: device busy time and kernel differences")
     args = parser.parse_args()
     model = hybrid_jax.random_model(args.size, "bfloat16")
     rng = np.random.default_rng(0)
@@ -122,6 +140,9 @@ def main() -> None:
         row["top"] = [(where, inner, round(100 * n / total, 1)) for (where, inner), n in
                       sampler.counts.most_common(args.top)]
         row["stats"], row["decode_copies"] = engine.stats(), copies
+        if args.trace_prompts:
+            row["trace"] = traced_loop(engine, [rng.integers(0, 248_000, 1024).tolist()
+                                                for _ in range(args.trace_prompts)], args.concurrency)
         results[variant] = row
         engine.shutdown()
         engine.release()
@@ -137,6 +158,16 @@ def main() -> None:
         print("decode program copies >= 1 MiB:", len(row["decode_copies"]))
         for line in row["decode_copies"][:20]:
             print("   ", line)
+        if "trace" in row:
+            trace = row["trace"]
+            print(f"traced loop of {args.trace_prompts} prompts: {trace['wall_s']:.2f} s, device busy "
+                  f"{trace['device_busy_s']:.2f} s ({100 * trace['device_busy_s'] / trace['wall_s']:.1f}%)")
+    traced = [(label, row["trace"]) for label, row in results.items() if "trace" in row]
+    if len(traced) >= 2:
+        (a, ta), (b, tb) = traced[:2]
+        print(f"\n{a} - {b} ms  {a} ms  {b} ms  kernel (traced loops)")
+        for name, ms_a, ms_b in largest_differences(ta["kernels_ms"], tb["kernels_ms"], args.top):
+            print(f"{ms_a - ms_b:9.1f} {ms_a:9.1f} {ms_b:9.1f}  {name[:90]}")
 
 
 if __name__ == "__main__":

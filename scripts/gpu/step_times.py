@@ -1,8 +1,9 @@
 """The engine's prefill and decode programs timed on their own, prefix caching on against off, one engine after
 the other in one process (random weights at the size's real shapes): each program's device time over padding
-batches, and the host's time to queue one call behind another in flight.
+batches, and the host's time to queue one call behind another in flight; with ``--kernels N``, each program's
+device time per kernel from a jax.profiler trace, and the N kernels whose time differs most between on and off.
 
-    python3 scripts/gpu/step_times.py --size 9b [--rounds 2] [--out steps.json]
+    python3 scripts/gpu/step_times.py --size 9b [--rounds 2] [--kernels 12] [--out steps.json]
 
 The prefill step is the largest bucket (1024 tokens), the decode call the greedy multi-step one at the largest
 batch (4 steps, B = 64). Padding rows point at the null slot, which the GDN decode kernels skip: the decode figure
@@ -21,6 +22,7 @@ import numpy as np
 
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
+from hybrid_jax.profiling import by_family, largest_differences, trace_kernels
 
 DECODE_STEPS, BATCH, PREFILL = 4, 64, 1024
 
@@ -83,10 +85,34 @@ def measure(calls: Calls, repeats: int = 20) -> dict:
     return row
 
 
+def kernel_times(calls: Calls) -> dict:
+    """{program: {kernel family: us per call}} from a trace of each program."""
+    return {name: by_family(trace_kernels(lambda call=call: (call(), calls.runner.pools)[1], calls=10))
+            for name, call in (("prefill", calls.prefill), ("decode", calls.decode))}
+
+
+def print_kernel_differences(rows: list[dict], top: int) -> None:
+    """Each program's device time per call on and off (medians over the rounds) and the ``top`` kernels whose
+    time differs most."""
+    for program in ("prefill", "decode"):
+        median = {}
+        for on in (True, False):
+            traces = [r["kernels"][program] for r in rows if r["prefix_caching"] is on]
+            median[on] = {k: statistics.median(t.get(k, 0.0) for t in traces) for k in set().union(*traces)}
+        busy = {on: sum(m.values()) for on, m in median.items()}
+        print(f"\n{program}: device busy {busy[True]:.1f} us on, {busy[False]:.1f} us off "
+              f"({busy[True] - busy[False]:+.1f} us)")
+        print(f"{'on - off us':>12} {'on us':>10} {'off us':>10}  kernel")
+        for name, on, off in largest_differences(median[True], median[False], top):
+            print(f"{on - off:12.1f} {on:10.1f} {off:10.1f}  {name[:90]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="0.8b")
     parser.add_argument("--rounds", type=int, default=2, help="on, off, on, off, ...")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="trace each program and print the N kernels whose time differs most")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     model = hybrid_jax.random_model(args.size, "bfloat16")
@@ -96,13 +122,18 @@ def main() -> None:
                               decode_sizes=(BATCH,), prefill_sizes=(256, PREFILL), memory_utilization=0.85,
                               enable_prefix_caching=on)
         engine = Engine(model, config, valid_vocab=248_077).start()
-        rows.append({"prefix_caching": on, **measure(Calls(engine))})
+        calls = Calls(engine)
+        rows.append({"prefix_caching": on, **measure(calls)})
         print(json.dumps(rows[-1]), flush=True)
+        if args.kernels:
+            rows[-1]["kernels"] = kernel_times(calls)
         engine.shutdown()
         engine.release()
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"size": args.size, "rows": rows}, f, indent=1)
+    if args.kernels:
+        print_kernel_differences(rows, args.kernels)
 
 
 if __name__ == "__main__":
