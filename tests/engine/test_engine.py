@@ -38,10 +38,12 @@ def reference(model, prompts):
     return [greedy_generate(model, jnp.asarray([p]), GREEDY.max_tokens)[0] for p in prompts]
 
 
-def make_engine(model, *, eos_token_ids=(), think_token_ids=None, **kw):
+def make_engine(model, *, eos_token_ids=(), think_token_ids=None, warmup: bool = False, **kw):
+    """Without ``warmup`` each program is built when first used: only those the test runs compile."""
     options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2)
     options.update(kw)
-    return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids, think_token_ids=think_token_ids).start()
+    return Engine(model, EngineConfig(**options), eos_token_ids=eos_token_ids,
+                  think_token_ids=think_token_ids).start(warmup=warmup)
 
 
 def test_config_checked():
@@ -274,7 +276,7 @@ def test_nothing_compiles_while_serving(model, prompts, compile_log):
     """The warm-up compiles every program the engine runs: greedy chains, multi-step, sampling, logprobs, with
     decode programs for batches of 3 and 4 only (smaller batches pad to 3)."""
     compile_log.clear()
-    engine = make_engine(model, decode_steps=3, decode_sizes=(3,))
+    engine = make_engine(model, warmup=True, decode_steps=3, decode_sizes=(3,))
     assert engine.config.decode_buckets == (3, 4)  # max_batch is always a size
     # One compile per program: the warm-up compiled against the released pools' shapes, and its run of each
     # program on the re-allocated pools used those compilations (a signature mismatch compiles them all again).

@@ -26,11 +26,12 @@ def model():
     return hybrid_jax.load_pretrained(GOLDEN, "float32")
 
 
-def make_engine(model, **kw):
+def make_engine(model, warmup: bool = False, **kw):
+    """Without ``warmup`` each program is built when first used: only those the test runs compile."""
     options = dict(max_batch=4, max_model_len=512, page_size=16, prefill_chunk=64, max_prefill_seqs=2,
                    enable_prefix_caching=True)
     options.update(kw)
-    return Engine(model, EngineConfig(**options)).start()
+    return Engine(model, EngineConfig(**options)).start(warmup=warmup)
 
 
 def result(handle):
@@ -107,7 +108,7 @@ def test_snapshots_inside_long_chunks(model, references):
 
 
 def test_concurrent_requests_on_one_prefix(model, reference, compile_log):
-    engine = make_engine(model, snapshot_stride=1)
+    engine = make_engine(model, warmup=True, snapshot_stride=1)
     compile_log.clear()
     result(engine.submit(BASE[:200], GREEDY))  # caches BASE's first three blocks
     out, cached = serve(engine, PROMPTS[1:] + [OTHER[:150], OTHER[:150]], together=True)
