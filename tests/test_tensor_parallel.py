@@ -50,7 +50,7 @@ def test_sharded_logits_equal_tp1(tp, reference_logits):
 def greedy(tp):
     engine = Engine(perturbed_model(), EngineConfig(max_batch=4, max_model_len=128, page_size=16, prefill_chunk=32,
                                                     max_prefill_seqs=2, tensor_parallel_size=tp, decode_sizes=(4,),
-                                                    prefill_sizes=(32,))).start()
+                                                    prefill_sizes=(32,))).start(warmup=False)  # built as used
     try:
         prompts = [IDS[0, :40].tolist(), IDS[1, :7].tolist(), IDS[1, :33].tolist()]
         handles = [engine.submit(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
