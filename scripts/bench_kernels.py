@@ -1,7 +1,8 @@
 """Time the Pallas kernels against their peers on one GPU; print a table and write JSON.
 
     python scripts/bench_kernels.py [--out bench_kernels.json] [--quick | --chunk-sweep | --decode-sweep |
-                                    --attention-sweep | --prefill-sweep] [--ops gdn_chunk ...] [--sizes 9b 27b]
+                                    --attention-sweep | --prefill-sweep | --snapshots] [--ops gdn_chunk ...]
+                                    [--sizes 9b 27b]
 
 Peers in the same run: fla's chunk_gated_delta_rule and fused_recurrent_gated_delta_rule (torch, timed
 with triton.testing.do_bench) for the GDN kernels, XLA's own attention over dense K/V for paged
@@ -118,21 +119,42 @@ def fla_chunk(size: str, t: int) -> tuple[float | None, float | None]:
     return None if seconds is None else seconds * 1e3, graph_ms
 
 
-def bench_gdn_chunk(size: str, t: int, **tuning) -> dict:
+SNAPSHOT_MODES = ("off", "unnamed", "named")  # no snapshot pool; a pool, no id named; the prefix cache's ids
+
+
+def snapshot_ids(mode: str, shape: tuple[int, ...], every: int) -> jax.Array:
+    """The snapshot ids of a ``--snapshots`` case (not "off"): all 0 when unnamed; when named, a distinct id
+    (from 1) at every ``every``-th position of the last axis. The pool they index needs ids.max() + 1 rows."""
+    ids = np.zeros(shape, np.int32)
+    if mode == "named":
+        named = (np.arange(shape[-1]) + 1) % every == 0
+        ids[..., named] = 1 + np.arange(named.sum() * int(np.prod(shape[:-1]))).reshape(*shape[:-1], -1)
+    return jnp.asarray(ids)
+
+
+def bench_gdn_chunk(size: str, t: int, snapshots: str = "off", **tuning) -> dict:
     """gdn_chunk on one sequence of t tokens, timed as fla's do_bench times its peer: calls back to back (the
-    state pool donated from one to the next), so the figure is device time, not dispatch."""
+    state pool donated from one to the next), so the figure is device time, not dispatch. ``snapshots``: one
+    of `SNAPSHOT_MODES` (named: every 4th chunk's state, the prefix cache's default stride)."""
     s = SIZES[size]
     q, k, v, g, beta = gdn_inputs(t, s["hk"], s["hv"])
     pool = jnp.zeros((2, s["hv"], D, D), jnp.float32)
     cu = jnp.asarray([0, t], jnp.int32)
     slots = jnp.asarray([1], jnp.int32)
-    step = jax.jit(functools.partial(gdn_chunk, **tuning), donate_argnums=7)
-    ours = time_chained(lambda pool: step(q, k, v, g, beta, cu, slots, pool), (jnp.zeros_like(pool),))
+    ids, snapshot_pool = None, ()
+    if snapshots != "off":
+        ids = snapshot_ids(snapshots, (1, -(-t // 64)), 4)
+        snapshot_pool = (jnp.zeros((int(ids.max()) + 1, s["hv"], D, D), jnp.float32),)
+    step = jax.jit(functools.partial(gdn_chunk, **tuning), donate_argnums=(7, 9) if snapshot_pool else 7)
+    ours = time_chained(lambda *pools: step(q, k, v, g, beta, cu, slots, pools[0], ids, *pools[1:]),
+                        (jnp.zeros_like(pool), *map(jnp.zeros_like, snapshot_pool)))
     run = jax.jit(functools.partial(gdn_chunk, **tuning))
-    kernels = {r["name"]: round(r["us"], 1) for r in trace_kernels(run, q, k, v, g, beta, cu, slots, pool)[:4]}
-    peer, peer_graph_ms = fla_chunk(size, t)
+    traced = trace_kernels(run, q, k, v, g, beta, cu, slots, pool, ids, *snapshot_pool)
+    kernels = {r["name"]: round(r["us"], 1) for r in traced[:4]}
+    peer, peer_graph_ms = fla_chunk(size, t) if snapshots == "off" else (None, None)
     flops = 4 * t * s["hv"] * D * D * 2  # order of the state and intra-chunk matmuls
     shape = f"T={t}" + "".join(f" {k}={v}" for k, v in tuning.items())
+    shape += f" snap={snapshots}" if snapshots != "off" else ""
     return {"op": "gdn_chunk", "size": size, "shape": shape, "ours_ms": ours * 1e3,
             "peer": "fla chunk_gated_delta_rule", "peer_ms": peer, "tflops": flops / ours / 1e12, "device_us": kernels,
             "peer_graph_ms": peer_graph_ms}
@@ -196,8 +218,11 @@ def bench_gdn_decode(size: str, batch: int) -> dict:
             "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
-def bench_gdn_decode_fused(size: str, batch: int, block_v: int | None = None, num_warps: int = 4) -> dict:
-    """The engine's decode kernel (conv ring, norms, gates, state update) from the raw projections."""
+def bench_gdn_decode_fused(size: str, batch: int, block_v: int | None = None, num_warps: int = 4,
+                           snapshots: str = "off") -> dict:
+    """The engine's decode kernel (conv ring, norms, gates, state update) from the raw projections.
+    ``snapshots``: one of `SNAPSHOT_MODES` (named: 4 rows store a snapshot, the most one decode step writes;
+    every row below B=4)."""
     s = SIZES[size]
     hk, hv, width = s["hk"], s["hv"], 4
     channels = 2 * hk * D + hv * D
@@ -212,13 +237,22 @@ def bench_gdn_decode_fused(size: str, batch: int, block_v: int | None = None, nu
     slots = jnp.arange(1, batch + 1, dtype=jnp.int32)
     positions = jax.random.randint(ks[7], (batch,), 0, 4096, jnp.int32)
 
-    def step(conv, state):
-        return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, positions, conv, state, num_k_heads=hk,
-                                head_k_dim=D, head_v_dim=D, block_v=block_v, num_warps=num_warps)
+    pools = (conv_pool, state_pool)
+    ids = None
+    if snapshots != "off":
+        ids = snapshot_ids(snapshots, (batch,), max(1, batch // 4))
+        rows = int(ids.max()) + 1
+        pools += (jnp.zeros((rows, width, channels), jnp.bfloat16), jnp.zeros((rows, hv, D, D), jnp.float32))
 
-    ours = time_chained(jax.jit(step, donate_argnums=(0, 1)), (conv_pool, state_pool))
+    def step(conv, state, *snapshot_pools):
+        return gdn_decode_fused(mixed, a, b, conv_w, a_log, dt_bias, slots, positions, conv, state, ids,
+                                *snapshot_pools, num_k_heads=hk, head_k_dim=D, head_v_dim=D, block_v=block_v,
+                                num_warps=num_warps)
+
+    ours = time_chained(jax.jit(step, donate_argnums=tuple(range(len(pools)))), pools)
     state_bytes = 2 * batch * hv * D * D * 4
-    return {"op": "gdn_decode_fused", "size": size, "shape": f"B={batch} bv={block_v or 'auto'} w={num_warps}",
+    shape = f"B={batch} bv={block_v or 'auto'} w={num_warps}" + (f" snap={snapshots}" if snapshots != "off" else "")
+    return {"op": "gdn_decode_fused", "size": size, "shape": shape,
             "ours_ms": ours * 1e3, "tbps": state_bytes / ours / 1e12, "hbm_share": state_bytes / ours / 1e12 / HBM_TBPS}
 
 
@@ -293,6 +327,10 @@ def main() -> None:
     parser.add_argument("--chunk-sweep", action="store_true",
                         help="only gdn_chunk at 9B shapes, T=8192, over its tiles, dk slices, warps and stages, "
                              "with its error")
+    parser.add_argument("--snapshots", action="store_true",
+                        help="only gdn_chunk (T=1024, 8192) and gdn_decode_fused (B=1, 64) at 9B shapes, each "
+                             "without a snapshot pool, with one and no id named, and with ids named: the prefix "
+                             "cache's cost in the GDN kernels")
     parser.add_argument("--ops", nargs="+", default=None,
                         choices=["gdn_chunk", "gdn_decode", "gdn_decode_fused", "paged_decode"],
                         help="only these of the default run's kernels")
@@ -307,6 +345,10 @@ def main() -> None:
         cases = [(sweep_gdn_chunk, "9b", 8192, sbv, obv, obk, (2, w_state, w_out), (1, st, st))
                  for sbv, obv, obk in ((16, 128, 32), (32, 128, 32), (32, 64, 64), (64, 128, 64))
                  for w_state, w_out in ((4, 2), (4, 4)) for st in (3, 4)]
+    elif args.snapshots:
+        cases = [(bench_gdn_chunk, "9b", t, mode) for t in (1024, 8192) for mode in SNAPSHOT_MODES]
+        cases += [(functools.partial(bench_gdn_decode_fused, snapshots=mode), "9b", b) for b in (1, 64)
+                  for mode in SNAPSHOT_MODES]
     elif args.decode_sweep:
         cases = [(bench_gdn_decode_fused, size, b, bv, w) for size in SIZES for b in (1, 8, 64)
                  for bv, w in ((16, 4), (32, 4), (64, 4), (128, 4), (128, 8))]

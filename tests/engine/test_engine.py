@@ -382,7 +382,7 @@ def test_requests_that_can_never_fit_are_rejected(model):
 def test_thousand_requests_with_cancellations_leave_nothing_allocated():
     model = hybrid_jax.random_model(hybrid_jax.preset("tiny").replace(vocab_size=64), "float32", seed=3)
     engine = Engine(model, EngineConfig(max_batch=8, max_model_len=64, page_size=8, prefill_chunk=32,
-                                        max_prefill_seqs=4, num_pages=40, decode_sizes=(2,))).start()
+                                        max_prefill_seqs=4, num_pages=40, decode_sizes=(2,))).start(warmup=False)
     rng = np.random.default_rng(1)
     try:
         handles = []

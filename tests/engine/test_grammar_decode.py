@@ -37,7 +37,7 @@ def engine(model, tokenizer):
                                         max_prefill_seqs=2, decode_sizes=(4,), background_compile=False),
                     eos_token_ids=tuple(tokenizer.eos_token_ids), think_token_ids=think_token_ids(tokenizer),
                     tokenizer=tokenizer)
-    yield engine.start()
+    yield engine.start(warmup=False)  # builds only the programs the tests run
     engine.shutdown()
 
 

@@ -203,23 +203,29 @@ def test_hits_under_tensor_parallelism(reference):
     model = hybrid_jax.load_pretrained(GOLDEN, "float32")  # sharded in place by the engine: not the shared one
     answer = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
-    def chat(engine):
+    def prompts_then_chat(engine):
+        """PROMPTS[:4] one at a time, then (the cache emptied) a chat turn after a 40-token answer: the prompts'
+        outputs and cached tokens, the turn's output and cached tokens."""
         if engine.scheduler.fills is not None:
-            engine.scheduler.fills.delay_s = 1e9  # the hit must come from decode
+            engine.scheduler.fills.delay_s = 1e9  # the turn's hit must come from decode
         try:
+            out, cached = [], []
+            for p in PROMPTS[:4]:
+                handle = engine.submit(p, GREEDY)
+                out.append(result(handle))
+                cached.append(handle.num_cached_tokens)
+            engine.reset_prefix_cache()
             first = [e.token_id for e in engine.submit(BASE[:100], answer)]
             handle = engine.submit(BASE[:100] + first + OTHER[:30], GREEDY)
-            return result(handle), handle.num_cached_tokens
+            return out, cached, result(handle), handle.num_cached_tokens
         finally:
             engine.shutdown()
-    out, cached = serve(make_engine(model, tensor_parallel_size=2, snapshot_stride=1), PROMPTS[:4])
-    assert cached == [0, 64, 64, 128]
+    out, cached, turn, turn_cached = prompts_then_chat(make_engine(model, tensor_parallel_size=2, snapshot_stride=1))
+    assert cached == [0, 64, 64, 128] and turn_cached == 128
     assert [tokens for tokens, _ in out] == [tokens for tokens, _ in reference[:4]]
-    turn, turn_cached = chat(make_engine(model, tensor_parallel_size=2, snapshot_stride=1))
-    assert turn_cached == 128
-    off, _ = serve(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False), PROMPTS[:4])
+    off, _, off_turn, _ = prompts_then_chat(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False))
     assert out == off
-    assert_close([turn], [chat(make_engine(model, tensor_parallel_size=2, enable_prefix_caching=False))[0]])
+    assert_close([turn], [off_turn])
 
 
 def test_a_chat_turn_resumes_after_the_previous_answer_by_a_fill(model):

@@ -39,7 +39,11 @@ logging.getLogger("jax").addHandler(Compiles())
 jax.config.update("jax_log_compiles", True)
 model = stored_random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", 1, sys.argv[1])
 config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2)
-engine = Engine(model, config, executable_dir=sys.argv[1]).start()
+engine = Engine(model, config, executable_dir=sys.argv[1])
+if sys.argv[3] == "load":  # load what the store holds, compile nothing
+    print(json.dumps({"all_loaded": engine.load_stored_programs(), "counts": engine.programs.counts}))
+    sys.exit()
+engine.start()
 rng = np.random.default_rng(0)
 params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 handles = [engine.submit(rng.integers(0, 512, n).tolist(), params) for n in (5, 40)]
@@ -50,10 +54,12 @@ print(json.dumps({"counts": engine.programs.counts, "total": len(engine.programs
 """
 
 
-def run_engine(directory: Path, max_model_len: int = 128) -> tuple[dict, str]:
+def run_engine(directory: Path, max_model_len: int = 128, mode: str = "serve") -> tuple[dict, str]:
+    """A fresh process's engine over the store in ``directory``: started and serving two requests ("serve"), or
+    only loading the stored programs it would start with ("load")."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
     env.update(JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
-    out = subprocess.run([sys.executable, "-c", RUN, str(directory), str(max_model_len)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", RUN, str(directory), str(max_model_len), mode], capture_output=True,
                          text=True, cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
@@ -79,8 +85,10 @@ def test_restart_loads_every_program_and_gives_the_same_tokens(tmp_path):
     assert repaired["tokens"] == cold["tokens"]
     assert log.count("unusable") == 2 and "compiling it again" in log
 
-    other, _ = run_engine(store, max_model_len=96)  # another engine setting: other keys, nothing loaded
-    assert other["counts"]["loaded"] == 0
+    same, _ = run_engine(store, mode="load")
+    assert same == {"all_loaded": True, "counts": {"loaded": cold["total"], "compiled": 0}}
+    other, _ = run_engine(store, max_model_len=96, mode="load")  # another engine setting: other keys
+    assert other == {"all_loaded": False, "counts": {"loaded": 0, "compiled": 0}}
 
 
 def test_keys_name_everything_that_changes_a_program(tmp_path):
@@ -167,7 +175,7 @@ def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
     options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     prompt = list(range(3, 40))
-    plain = Engine(model, options).start()
+    plain = Engine(model, options).start(warmup=False)  # builds only what it runs
     try:
         want = [e.token_id for e in plain.submit(prompt, params) if e.token_id is not None]
     finally:

@@ -81,7 +81,8 @@ def test_engine_adds_projections_through_the_kernel(monkeypatch, ops):
     def generate(model=model):
         engine = Engine(model, EngineConfig(max_batch=2, max_model_len=64, page_size=16, prefill_chunk=32,
                                             prefill_sizes=(32,), decode_sizes=(2,), max_prefill_seqs=2,
-                                            num_pages=16)).start()  # not sized from free memory: a GPU holds 4
+                                            num_pages=16))  # not sized from free memory: a GPU holds 4
+        engine.start(warmup=False)  # builds only the programs it runs
         try:
             handles = [engine.submit(p, params) for p in prompts]
             events = [[e for e in h if e.token_id is not None] for h in handles]
