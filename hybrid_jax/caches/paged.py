@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.caches.base import Cache
@@ -45,6 +45,7 @@ class PagedKernels:
     def __init__(self, config: Qwen35Config, mesh: Mesh | None):
         self.mesh, self.config = mesh, config
         self.tp = 1 if mesh is None else mesh.shape[TP]
+        self.replicated = None if mesh is None else NamedSharding(mesh, P())  # whole on every device
         wrap = self._wrap
         self.gdn_chunk = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE), (HEADS3, STATE))
         self.gdn_chunk_snapshots = wrap(gdn_chunk, (HEADS3, HEADS3, HEADS3, HEADS2, HEADS2, WHOLE, WHOLE, STATE, WHOLE,

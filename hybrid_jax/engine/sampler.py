@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Sharding
 
 from hybrid_jax.engine.constraints import NO_TOKEN, TokenConstraints
 from hybrid_jax.engine.sampling_params import MAX_LOGPROBS
@@ -84,10 +85,15 @@ def apply_constraints(logits, rows: SamplingRows, output_counts, grammar_masks: 
     return jnp.where(forced[:, None], only_end, out)
 
 
-def filter_logits(logits, rows: SamplingRows):
-    """Temperature-scaled logits with top-k, top-p and min-p applied (-inf outside). logits [B, V]."""
+def filter_logits(logits, rows: SamplingRows, replicated: Sharding | None = None):
+    """Temperature-scaled logits with top-k, top-p and min-p applied (-inf outside). logits [B, V]. ``replicated``
+    (under a mesh, where the vocabulary is split): the sorted logits are made whole on every device first, as a
+    cumulative sum along a split axis partitions into a window as wide as the vocabulary on each device (seconds
+    a call on the CPU)."""
     scaled = logits / jnp.maximum(rows.temperature, 1e-6)[:, None]
     sorted_desc = -jnp.sort(-scaled, axis=-1)  # [B, V]
+    if replicated is not None:
+        sorted_desc = jax.lax.with_sharding_constraint(sorted_desc, replicated)
     vocab = logits.shape[-1]
     k = jnp.where(rows.top_k > 0, jnp.minimum(rows.top_k, vocab), vocab)
     kth = jnp.take_along_axis(sorted_desc, (k - 1)[:, None], axis=-1)  # [B, 1]
@@ -105,7 +111,7 @@ def filter_logits(logits, rows: SamplingRows):
 
 def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, valid_vocab: int, *,
            greedy_only: bool = False, branch_free: bool = False,
-           grammar_masks: Callable[[], jax.Array] | None = None) -> Sampled:
+           grammar_masks: Callable[[], jax.Array] | None = None, replicated: Sharding | None = None) -> Sampled:
     """logits [B, V] -> sampled ids and raw logprobs; the top-``MAX_LOGPROBS`` alternatives only when ``want_top``.
 
     Ids >= valid_vocab (the padding rows of the embedding) never come out. ``greedy_only`` (static): every row
@@ -117,7 +123,7 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
     they existed. ``branch_free`` (static): no branch at all, every row through the constrained path, the filters
     and the top logprobs (the same tokens: constraints and filters leave the rows without them unchanged); for
     few rows (prefill's), where computing everything costs less than the host's wait. ``grammar_masks`` (see
-    `apply_constraints`) is read in the constrained branch only.
+    `apply_constraints`) is read in the constrained branch only. ``replicated``: see `filter_logits`.
     """
     logits = logits.astype(F32)
     in_vocab = jnp.arange(logits.shape[-1]) < valid_vocab
@@ -139,7 +145,7 @@ def sample(logits, rows: SamplingRows, output_counts, prompt_mask, want_top, val
         # when some row does (always when branch_free).
         filters = (rows.top_k > 0) | (rows.top_p < 1.0) | (rows.min_p > 0.0)  # [B]
         scaled = scores / jnp.maximum(rows.temperature, 1e-6)[:, None]
-        some_filtered = lambda: jnp.where(filters[:, None], filter_logits(scores, rows), scaled)
+        some_filtered = lambda: jnp.where(filters[:, None], filter_logits(scores, rows, replicated), scaled)
         filtered = some_filtered() if branch_free else jax.lax.cond(jnp.any(filters), some_filtered, lambda: scaled)
         keys = jax.vmap(lambda s, t: jax.random.fold_in(jax.random.key(s), t))(rows.seed, rows.step)
         drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)

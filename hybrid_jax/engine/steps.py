@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Sharding
 
 from hybrid_jax.caches.paged import (
     UNNAMED,
@@ -89,7 +90,8 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
-                     valid_vocab, branch_free=True, grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids])
+                     valid_vocab, branch_free=True, grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids],
+                     replicated=kernels.replicated)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
     return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
 
@@ -137,12 +139,15 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
 
 
 def decode_sample(pools: dict, logits: jax.Array, batch: DecodeBatch, grammar_masks: Callable[[], jax.Array], *,
-                  valid_vocab: int, greedy_only: bool = False) -> tuple[Sampled, dict]:
+                  valid_vocab: int, greedy_only: bool = False,
+                  replicated: Sharding | None = None) -> tuple[Sampled, dict]:
     """A token for each row from its logits [B, V]; returns the samples and the pools with the output counts
-    advanced. ``grammar_masks``: the rows' grammar bitmasks [B, ceil(V/32)] i32 (see `sampler.sample`)."""
+    advanced. ``grammar_masks``: the rows' grammar bitmasks [B, ceil(V/32)] i32; ``replicated``: see
+    `sampler.sample`."""
     counts = pools["output_counts"]
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], pools["prompt_mask"][batch.slot_ids],
-                     batch.want_top, valid_vocab, greedy_only=greedy_only, grammar_masks=grammar_masks)
+                     batch.want_top, valid_vocab, greedy_only=greedy_only, grammar_masks=grammar_masks,
+                     replicated=replicated)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(1)
     return sampled, {**pools, "output_counts": counts}
 
@@ -155,7 +160,7 @@ def decode_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, b
     logits, pools, snapshots = decode_logits(model, pools, batch, kernels=kernels, page_size=page_size,
                                              snapshots=snapshots, snapshot_ids=snapshot_ids)
     sampled, pools = decode_sample(pools, logits, batch, lambda: pools["grammar_mask"][batch.slot_ids],
-                                   valid_vocab=valid_vocab, greedy_only=greedy_only)
+                                   valid_vocab=valid_vocab, greedy_only=greedy_only, replicated=kernels.replicated)
     return sampled, pools, snapshots
 
 

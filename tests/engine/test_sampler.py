@@ -1,9 +1,12 @@
 """On-device sampling: filters, penalties, vocabulary masking, logprobs, seeds, token constraints."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.engine.constraints import constraint_rows, no_constraints
 from hybrid_jax.engine.requests import Request, ThinkingEnd
@@ -165,3 +168,19 @@ def test_thinking_budget_forces_the_end_token_once():
     out = constrained_sample(reqs, logits, temperature=1.0, counts=counts, step=[1, 2, 5])
     assert out.tokens.tolist()[1] == 3 and out.tokens.tolist()[0] != 3 and out.tokens.tolist()[2] != 3
     np.testing.assert_allclose(out.logprob[1], jax.nn.log_softmax(logits[1])[3], rtol=1e-6)
+
+
+def test_filters_over_a_split_vocabulary_sum_whole_rows():
+    """Under a mesh splitting the vocabulary over two devices, top-p's cumulative sum runs on whole rows (made
+    so by ``replicated``): split, XLA partitions it into a window as wide as the vocabulary on each device
+    (seconds a call on the CPU at 248K). The kept logits are those of one device."""
+    vocab = 1024
+    mesh = Mesh(jax.devices()[:2], ("tp",))
+    logits = jax.random.normal(jax.random.key(0), (2, vocab))
+    split = jax.device_put(logits, NamedSharding(mesh, PartitionSpec(None, "tp")))
+    settings = rows(2, top_p=[0.9, 0.5])
+    full_width = re.compile(rf"reduce-window\(.*window={{size=1x{vocab}\b")
+    for replicated, expect_full_width in ((None, True), (NamedSharding(mesh, PartitionSpec()), False)):
+        run = jax.jit(lambda x, r, replicated=replicated: filter_logits(x, r, replicated))
+        assert bool(full_width.search(run.lower(split, settings).compile().as_text())) == expect_full_width
+        np.testing.assert_array_equal(np.asarray(run(split, settings)), np.asarray(filter_logits(logits, settings)))
