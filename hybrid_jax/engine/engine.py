@@ -275,7 +275,8 @@ class Engine:
         # A prompt ending in this step samples its first token there, under its grammar's first mask.
         self.runner.write_grammar_masks([r for r, n in chunks
                                          if r.grammar_active and r.num_prefilled + n == len(r.prompt_ids)])
-        sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks))
+        sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks),
+                                      self.scheduler.greedy_only(r for r, _ in chunks))
         done, rows = self.scheduler.prefilled(chunks)
         self.scheduler.cache_prefilled(chunks)
         if done:  # read by `_decode`, after it queues the first decode call over them

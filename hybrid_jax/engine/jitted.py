@@ -68,7 +68,9 @@ class JittedSteps:
             decode_kw = dict(decode_kw, in_shardings=(weight_shardings, pools, snapshots, batch, batch),
                              out_shardings=(batch, batch, pools, snapshots))
             mask_kw = dict(mask_kw, in_shardings=(pools, batch, batch), out_shardings=pools)
-        self.prefill = jax.jit(partial(self._run_prefill, **step_kw), **prefill_kw)
+        # By greedy_only: a step whose rows all sample greedily skips the filters' sort and the top logprobs.
+        self.prefill = {greedy: jax.jit(partial(self._run_prefill, greedy_only=greedy, **step_kw), **prefill_kw)
+                        for greedy in (False, True)}
         # By variant (greedy_only, steps per call); several steps per call only for greedy batches.
         self.decode = {(greedy, 1): jax.jit(partial(self._run_decode_step, decode_step, greedy_only=greedy,
                                                     **step_kw), **decode_kw) for greedy in (False, True)}

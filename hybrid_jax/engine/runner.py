@@ -102,7 +102,7 @@ class Runner:
 
     # -- programs and warm-up ------------------------------------------------------------------------
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
-        """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", T) |
+        """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", greedy_only, T) |
         ("first_tokens", B) | ("grammar_masks", B), ("decode_logits", B), ("decode_sample", B) (with grammars;
         the last two without a mesh), essential ones first:
         the general decode at the largest batch and the largest prefill serve any request; the rest, smallest
@@ -145,9 +145,11 @@ class Runner:
                     f"decode sample B={size}", sample,
                     (pools, logits, batch, masks, jax.ShapeDtypeStruct((size,), jnp.bool_)), essential=False)
         for size in reversed(self.config.prefill_buckets):
-            specs["prefill", size] = ProgramSpec(f"prefill T={size}", self.steps.prefill,
-                                                 (weights, pools, snapshots, self.prefill_batch([], size)),
-                                                 essential=size == largest_prefill)
+            for greedy, fn in self.steps.prefill.items():
+                specs["prefill", greedy, size] = ProgramSpec(
+                    f"prefill T={size} (greedy only: {greedy})", fn,
+                    (weights, pools, snapshots, self.prefill_batch([], size)),
+                    essential=size == largest_prefill and not greedy)
         if self.host_moves is not None:
             specs.update(self.host_moves.specs(shape_of))
         # Essential first; then the smallest buckets (what a lone request runs), multi-step decode first; the
@@ -294,14 +296,16 @@ class Runner:
                                   self.valid_vocab))
 
     # -- calls ---------------------------------------------------------------------------------------
-    def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int]) -> Sampled:
-        """Queue one prefill step over ``chunks`` at the first built of ``buckets``; its samples stay on the
-        device ([max_prefill_seqs] rows, one per chunk)."""
+    def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int], greedy: bool = False) -> Sampled:
+        """Queue one prefill step over ``chunks`` at the first built of ``buckets`` (``greedy``: every chunk's
+        request samples greedily without logprobs or constraints, the greedy-only program where built); its
+        samples stay on the device ([max_prefill_seqs] rows, one per chunk)."""
         self.apply_host_moves()
-        size, program = next((b, p) for b in buckets if (p := self.program(("prefill", b))) is not None)
+        keys = [("prefill", g, b) for b in buckets for g in dict.fromkeys((greedy, False))]
+        key, program = next((k, p) for k in keys if (p := self.program(k)) is not None)
         sampled, self.pools, self.snapshots = program(self.weights, self.pools, self.snapshots,
-                                                      self.prefill_batch(chunks, size))
-        self.runs[("prefill", size)] += 1
+                                                      self.prefill_batch(chunks, key[2]))
+        self.runs[key] += 1
         return sampled
 
     def decode_choice(self, choices: list[tuple[Variant, int]]) -> tuple[Variant, int] | None:

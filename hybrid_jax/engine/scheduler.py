@@ -39,7 +39,7 @@ import logging
 import queue
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -359,10 +359,15 @@ class Scheduler:
         return self.prefix.reset() if self.prefix is not None else True
 
     # -- decode --------------------------------------------------------------------------------------
+    @staticmethod
+    def greedy_only(requests: Iterable[Request]) -> bool:
+        """Whether every one of ``requests`` samples greedily without logprobs or token constraints (the
+        greedy-only programs)."""
+        return all(r.params.temperature == 0 and not r.params.logprobs and not r.constrained for r in requests)
+
     def decode_greedy(self) -> bool:
-        """Whether every decoding request samples greedily without logprobs or token constraints (the greedy-only
-        programs)."""
-        return all(r.params.temperature == 0 and not r.params.logprobs and not r.constrained for r in self.decoding)
+        """Whether the decoding requests can run the greedy-only decode programs (`greedy_only`)."""
+        return self.greedy_only(self.decoding)
 
     def chained(self, previous: list[Request], previous_steps: int,
                 greedy: bool) -> tuple[list[Request], Variant] | None:

@@ -65,9 +65,12 @@ class DecodeBatch(NamedTuple):
 
 
 def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, batch: PrefillBatch, *,
-                 kernels: PagedKernels, page_size: int, valid_vocab: int) -> tuple[Sampled, dict, dict | None]:
+                 kernels: PagedKernels, page_size: int, valid_vocab: int,
+                 greedy_only: bool = False) -> tuple[Sampled, dict, dict | None]:
     """Run one packed prefill chunk; returns a sample for every sequence's last token, the new pools and, with a
-    snapshot pool, the new snapshots (each GDN state and prompt mask at the batch's snapshot boundaries)."""
+    snapshot pool, the new snapshots (each GDN state and prompt mask at the batch's snapshot boundaries).
+    ``greedy_only``: every row samples greedily without logprobs or token constraints (see `sample`); otherwise
+    every row takes every sampling path (no branch for the host to wait on)."""
     cache = PrefillCache(pools["layers"], kernels, kernels.projections(model), page_size=page_size,
                          positions=batch.positions, seq_index=batch.seq_index, valid=batch.valid,
                          cu_seqlens=batch.cu_seqlens, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
@@ -90,8 +93,8 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
-                     valid_vocab, branch_free=True, grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids],
-                     replicated=kernels.replicated)
+                     valid_vocab, greedy_only=greedy_only, branch_free=True,
+                     grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids], replicated=kernels.replicated)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
     return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
 

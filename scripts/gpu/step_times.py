@@ -33,7 +33,7 @@ class Calls:
     def __init__(self, engine: Engine):
         runner, specs = engine.runner, engine.runner.programs.specs
         self.runner = runner
-        self.prefill_key, self.decode_key = ("prefill", PREFILL), ("decode", True, DECODE_STEPS, BATCH)
+        self.prefill_key, self.decode_key = ("prefill", True, PREFILL), ("decode", True, DECODE_STEPS, BATCH)
         self.prefill_batch = specs[self.prefill_key].args[3]
         decode_args = specs[self.decode_key].args
         self.snapshot_ids = None if decode_args[4] is None else np.zeros(decode_args[4].shape, np.int32)

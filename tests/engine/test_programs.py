@@ -196,10 +196,13 @@ def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
 
 def test_prefill_has_no_branch_for_the_host_to_wait_on(model):
     """A data-dependent branch (lax.cond) makes the host wait for the device mid-call; prefill has none (its few
-    rows take every sampling path), so the host queues the next decode call while a prefill runs."""
+    rows take every sampling path, or all are greedy), so the host queues the next decode call while a prefill
+    runs. The greedy-only prefill skips the filters' sort and the top logprobs' selection."""
     engine = Engine(model, EngineConfig(max_batch=2, max_model_len=64, page_size=16, prefill_chunk=32))
     specs = engine.runner.programs.specs
     lowered = lambda key: specs[key].fn.lower(*specs[key].args).as_text()
-    assert "stablehlo.case" not in lowered(("prefill", 32))
+    general, greedy = lowered(("prefill", False, 32)), lowered(("prefill", True, 32))
+    assert "stablehlo.case" not in general and "stablehlo.case" not in greedy
+    assert "stablehlo.sort" in general and "stablehlo.sort" not in greedy
     assert "stablehlo.case" in lowered(("decode", False, 1, 2))  # the general decode's branches
     engine.release()
