@@ -272,11 +272,12 @@ class Engine:
 
     def _prefill(self) -> None:
         chunks = self.scheduler.prefill_chunks()
-        # A prompt ending in this step samples its first token there, under its grammar's first mask.
-        self.runner.write_grammar_masks([r for r, n in chunks
-                                         if r.grammar_active and r.num_prefilled + n == len(r.prompt_ids)])
+        # Only a prompt ending in this step keeps its sample (its first token, under its grammar's first mask):
+        # the step runs greedy-only when those all sample greedily (a fill's sample is never read).
+        ending = [r for r, n in chunks if r.num_prefilled + n == len(r.prompt_ids) and not r.fill]
+        self.runner.write_grammar_masks([r for r in ending if r.grammar_active])
         sampled = self.runner.prefill(chunks, self.scheduler.prefill_buckets(chunks),
-                                      self.scheduler.greedy_only(r for r, _ in chunks))
+                                      self.scheduler.greedy_only(ending))
         done, rows = self.scheduler.prefilled(chunks)
         self.scheduler.cache_prefilled(chunks)
         if done:  # read by `_decode`, after it queues the first decode call over them

@@ -409,3 +409,22 @@ def test_thousand_requests_with_cancellations_leave_nothing_allocated():
         assert stats["requests_finished"] == 1000
     finally:
         engine.shutdown()
+
+
+def test_greedy_prompts_prefill_without_the_general_sampler(model, prompts, reference):
+    """A prefill step whose ending prompts all sample greedily (no logprobs, no constraints) runs the greedy-only
+    program, one with a prompt asking for logprobs the general one; the first tokens are the plain model's either
+    way, and the first token's logprob the same."""
+    engine = make_engine(model, prefill_chunk=32)  # prompts[5] (130 tokens) takes 5 steps
+    try:
+        greedy = [e for e in engine.submit(prompts[5], GREEDY) if e.token_id is not None]
+        runs = dict(engine.runner.runs)
+        scored = [e for e in engine.submit(prompts[5], SamplingParams(max_tokens=10, temperature=0, logprobs=1,
+                                                                        ignore_eos=True)) if e.token_id is not None]
+    finally:
+        engine.shutdown()
+    assert [e.token_id for e in greedy] == [e.token_id for e in scored] == reference[5]
+    assert greedy[0].logprob == pytest.approx(scored[0].logprob, abs=1e-5)
+    prefills = lambda runs, greedy_only: sum(n for k, n in runs.items() if k[:2] == ("prefill", greedy_only))
+    assert prefills(runs, True) == 5 and prefills(runs, False) == 0
+    assert prefills(engine.runner.runs, False) == 1  # the step ending the second prompt (only steps ending one count)
