@@ -426,5 +426,5 @@ def test_greedy_prompts_prefill_without_the_general_sampler(model, prompts, refe
     assert [e.token_id for e in greedy] == [e.token_id for e in scored] == reference[5]
     assert greedy[0].logprob == pytest.approx(scored[0].logprob, abs=1e-5)
     prefills = lambda runs, greedy_only: sum(n for k, n in runs.items() if k[:2] == ("prefill", greedy_only))
-    assert prefills(runs, True) == 5 and prefills(runs, False) == 0
-    assert prefills(engine.runner.runs, False) == 1  # the step ending the second prompt (only steps ending one count)
+    assert prefills(runs, True) == 5 and prefills(runs, False) == 0  # steps ending no prompt: greedy-only too
+    assert prefills(engine.runner.runs, False) == 1  # the step ending the second prompt
