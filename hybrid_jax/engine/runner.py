@@ -104,9 +104,9 @@ class Runner:
     def _program_specs(self) -> dict[tuple, ProgramSpec]:
         """Every program the engine can run, keyed ("decode", greedy_only, steps, B) | ("prefill", greedy_only, T) |
         ("first_tokens", B) | ("grammar_masks", B), ("decode_logits", B), ("decode_sample", B) (with grammars;
-        the last two without a mesh), essential ones first:
-        the general decode at the largest batch and the largest prefill serve any request; the rest, smallest
-        buckets first, only make some faster."""
+        the last two without a mesh), essential ones first: the general decode at the largest batch and the
+        general prefill at the largest bucket serve any request; the rest, smallest buckets first, only make
+        some faster."""
         # Without a mesh the pools are uncommitted arrays: a sharding here would make each call's signature differ
         # from the compiled one's.
         placed = lambda a: a.sharding if self.placement.mesh is not None else None
@@ -297,8 +297,8 @@ class Runner:
 
     # -- calls ---------------------------------------------------------------------------------------
     def prefill(self, chunks: list[tuple[Request, int]], buckets: list[int], greedy: bool = False) -> Sampled:
-        """Queue one prefill step over ``chunks`` at the first built of ``buckets`` (``greedy``: every chunk's
-        request samples greedily without logprobs or constraints, the greedy-only program where built); its
+        """Queue one prefill step over ``chunks`` at the first built of ``buckets`` (``greedy``: every prompt the
+        step ends samples greedily without logprobs or constraints: the greedy-only program where built); its
         samples stay on the device ([max_prefill_seqs] rows, one per chunk)."""
         self.apply_host_moves()
         keys = [("prefill", g, b) for b in buckets for g in dict.fromkeys((greedy, False))]
