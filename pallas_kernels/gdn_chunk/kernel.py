@@ -248,12 +248,10 @@ def _state_kernel(cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, *refs, group: i
             # (K * exp(gc_last - gc))^T V' with the decay on V' (the smaller tile); rows past the end add nothing.
             v_decayed = jnp.where(ok[:, None], v_new * jnp.exp(gc_last - gc)[:, None], 0.0).astype(dtype)
             state = state * jnp.exp(gc_last) + _dot(k_ref[rows, hk, cols_k], v_decayed, (0, 0))
-            if snapshots:
+            if snapshots:  # a masked store, not a branch: the loop body stays one block for the pipeliner
                 snap = snap_ids_ref[s, c]
-
-                @pl.when(snap > 0)
-                def _():
-                    snap_ref[snap, h, :, pl.ds(vb * block_v, block_v)] = state
+                plgpu.store(snap_ref.at[snap, h, :, pl.ds(vb * block_v, block_v)], state,
+                            mask=jnp.broadcast_to(snap > 0, state.shape))
 
             return state
 
