@@ -37,7 +37,9 @@ class OutputSnapshots:
              size: int) -> tuple[list[PlannedSnapshot], np.ndarray]:
         """The snapshots of a decode call over ``requests`` (row i's first step at position ``positions[i]``) and
         its snapshot ids [steps, size] (0: none); a boundary for which no id can be freed, or past the
-        DECODE_SNAPSHOTS of its step, is skipped (the request's next boundary supersedes it)."""
+        DECODE_SNAPSHOTS of its step, is skipped (the request's next boundary supersedes it). With the pool full
+        and nothing unused, a boundary takes the id of the request's shallowest snapshot that no one else holds,
+        as a prompt's chunk does: the deeper state serves the same prompt and its continuation."""
         ids = np.zeros((steps, size), np.int32)
         plan, b = [], self.prefix.block_size
         for i, r in enumerate(requests):
@@ -47,7 +49,7 @@ class OutputSnapshots:
             for boundary in range(-(-first // b) * b, min(first + steps, r.total_len + 1), b):
                 step = boundary - first
                 if boundary > len(r.prompt_ids) and np.count_nonzero(ids[step]) < DECODE_SNAPSHOTS and (
-                        snapshot := self.prefix.reserve_snapshot()):
+                        snapshot := self.prefix.reserve_snapshot(r.blocks)):
                     ids[step, i] = snapshot
                     plan.append(PlannedSnapshot(step, r, boundary, snapshot))
                     self.outstanding.add(snapshot)

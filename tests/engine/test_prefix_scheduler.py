@@ -394,6 +394,17 @@ def test_output_blocks_are_cached_at_the_boundaries_decode_crosses():
     assert len(s.prefix.hit(tokens[:192] + [1])) == 3
 
 
+def test_with_the_pool_full_an_output_boundary_takes_the_requests_shallowest_snapshot():
+    """Its prompt's snapshots fill the pool and nothing is unused: the decode step crossing 192 takes the id of the
+    request's shallowest one (64), as a prompt's chunk would, so its answer's boundary is cached without a fill."""
+    s = make(snapshots=2, stride=1, fill_delay_s=1e9)
+    r = request("r", prompt(130), max_tokens=70)
+    run(s, r)
+    tokens = r.prompt_ids + r.output_ids
+    assert [b.snapshot > 0 for b in s.prefix.match(tokens[:192])] == [False, True, True]
+    assert len(s.prefix.hit(tokens[:192] + [1])) == 3 and not s.fills.pending
+
+
 def test_a_planned_output_snapshot_whose_tokens_never_come_is_freed():
     """Planned for a step whose request ends (or is cancelled) before the host reads it, or whose call fails:
     the reserved snapshot goes back."""
