@@ -31,6 +31,7 @@ def add_model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_le
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many devices")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of free device memory for state slots + KV pages (after the weights)")
+    parser.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
     parser.add_argument("--decode-steps", type=int, default=4,
                         help="greedy decode steps per device call when no prompt waits (amortises the per-call host "
                              "cost; 1: every token its own call)")
@@ -115,7 +116,8 @@ def _llm(args: argparse.Namespace, warmup: bool):
 
     try:
         return LLM(args.model_path, args.dtype, max_batch=args.max_batch, max_model_len=args.max_model_len,
-                   warmup=warmup, tensor_parallel_size=args.tensor_parallel_size, decode_steps=args.decode_steps,
+                   prefill_chunk=args.prefill_chunk, warmup=warmup, tensor_parallel_size=args.tensor_parallel_size,
+                   decode_steps=args.decode_steps,
                    decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
                    memory_utilization=args.gpu_memory_utilization,
                    compilation_cache_dir=args.compilation_cache_dir or None)

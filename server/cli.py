@@ -23,7 +23,6 @@ def add_serve(commands: argparse._SubParsersAction) -> None:
                             help="require 'Authorization: Bearer KEY' on /v1 (default: $HYBRID_JAX_API_KEY, else "
                                  "$VLLM_API_KEY; none: no auth)")
     serve_args.add_argument("--max-waiting", type=int, default=4096, help="queued requests before 503")
-    serve_args.add_argument("--prefill-chunk", type=int, default=256, help="token budget of one prefill step")
     serve_args.add_argument("--threads", type=int, default=64, help="request threads of the one worker process")
     serve_args.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="larger bodies get 413")
     serve_args.add_argument("--background-compile", action=argparse.BooleanOptionalAction, default=True,
