@@ -33,7 +33,7 @@ def generate(directory, tensor_parallel_size: int) -> list[dict]:
     source, target = directory / "in.jsonl", directory / f"out_tp{tensor_parallel_size}.jsonl"
     write_jsonl(source, GENERATE_ROWS)
     main(["generate", "--input", str(source), "--output", str(target), "--max-batch", "2", "--max-model-len", "64",
-          "--max-tokens", "4", "--temperature", "0", "--ignore-eos", "--decode-sizes", "2",
+          "--max-tokens", "4", "--temperature", "0", "--ignore-eos", "--decode-sizes", "2", "--prefill-chunk", "32",
           "--tensor-parallel-size", str(tensor_parallel_size)])
     return read_jsonl(target)
 

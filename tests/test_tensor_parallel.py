@@ -86,7 +86,8 @@ def test_nothing_compiles_while_serving_sharded(compile_log):
     """Greedy calls chained on the device (each call's inputs are the last call's outputs, arrays on the mesh)
     and sampled ones: all compiled by the warm-up."""
     engine = Engine(perturbed_model(), EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32,
-                                                    tensor_parallel_size=2, decode_steps=3)).start()
+                                                    tensor_parallel_size=2, decode_steps=3, prefill_sizes=(32,),
+                                                    decode_sizes=(2,))).start()
     assert engine.decode_steps == 1  # one step per call under a mesh (see Runner.__init__)
     prompts = [IDS[0, :40].tolist(), IDS[1, :7].tolist()]
     compile_log.clear()

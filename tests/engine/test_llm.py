@@ -19,7 +19,8 @@ GOLDEN = Path(__file__).parent.parent / "fixtures" / "golden" / "causal_grouped"
 def llm():
     # The golden checkpoint has no tokenizer.json: the bundled Qwen3.5 vocabulary is used for text; its
     # ids above the checkpoint's 512-row vocabulary are not used by these tests.
-    engine = LLM(str(GOLDEN), dtype="float32", max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64)
+    engine = LLM(str(GOLDEN), dtype="float32", max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64,
+                 prefill_sizes=(64,), decode_sizes=(4,))  # one bucket each: fewer programs to build
     yield engine
     engine.close()
 

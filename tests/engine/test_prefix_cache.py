@@ -108,7 +108,7 @@ def test_snapshots_inside_long_chunks(model, references):
 
 
 def test_concurrent_requests_on_one_prefix(model, reference, compile_log):
-    engine = make_engine(model, warmup=True, snapshot_stride=1)
+    engine = make_engine(model, warmup=True, snapshot_stride=1, prefill_sizes=(64,), decode_sizes=(4,))
     compile_log.clear()
     result(engine.submit(BASE[:200], GREEDY))  # caches BASE's first three blocks
     out, cached = serve(engine, PROMPTS[1:] + [OTHER[:150], OTHER[:150]], together=True)

@@ -38,7 +38,8 @@ class Compiles(logging.Handler):
 logging.getLogger("jax").addHandler(Compiles())
 jax.config.update("jax_log_compiles", True)
 model = stored_random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", 1, sys.argv[1])
-config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2)
+config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2,
+                      prefill_sizes=(32,), decode_sizes=(2,))
 engine = Engine(model, config, executable_dir=sys.argv[1])
 if sys.argv[3] == "load":  # load what the store holds, compile nothing
     print(json.dumps({"all_loaded": engine.load_stored_programs(), "counts": engine.programs.counts}))
@@ -172,7 +173,8 @@ def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
     """An engine over the model's shapes builds its programs; given the loaded model it serves its tokens."""
     from hybrid_jax.weights import abstract_model
 
-    options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2)
+    options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2,
+                           prefill_sizes=(32,), decode_sizes=(1,))
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     prompt = list(range(3, 40))
     plain = Engine(model, options).start(warmup=False)  # builds only what it runs
