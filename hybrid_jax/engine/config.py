@@ -33,6 +33,13 @@ class EngineConfig:
     kv_offloading_size: float = 0.0  # GiB of host memory the prefix cache's evicted blocks move to (0: none)
 
     def __post_init__(self):
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk: must be at least 1 token, got {self.prefill_chunk}")
+        if self.max_prefill_seqs < 1:
+            raise ValueError(f"max_prefill_seqs: must be at least 1, got {self.max_prefill_seqs}")
+        if self.prefill_sizes and not all(1 <= s <= self.prefill_chunk for s in self.prefill_sizes):
+            raise ValueError(f"prefill_sizes: each must be in [1, prefill_chunk={self.prefill_chunk}], got "
+                             f"{self.prefill_sizes}")
         if self.decode_sizes and not all(1 <= s <= self.max_batch for s in self.decode_sizes):
             raise ValueError(f"decode_sizes: each must be in [1, max_batch={self.max_batch}], got {self.decode_sizes}")
         if self.compile_threads < 1:
@@ -57,7 +64,9 @@ class EngineConfig:
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
+        """Token counts a prefill program is compiled for, ``prefill_chunk`` always among them; a step runs in the
+        smallest that holds its chunks."""
         if self.prefill_sizes:
-            return tuple(sorted(self.prefill_sizes))
+            return tuple(sorted({*self.prefill_sizes, self.prefill_chunk}))
         sizes = [s for s in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192) if s < self.prefill_chunk]
         return (*sizes, self.prefill_chunk)

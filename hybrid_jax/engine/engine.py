@@ -299,7 +299,7 @@ class Engine:
             return
         previous, self._inflight = self._inflight, None
         first, self._first = self._first, None
-        greedy = s.decode_greedy()
+        greedy = s.greedy_only(s.decoding)
         chain = None
         if first is None and previous is not None:
             chain = s.chained(previous.requests, previous.steps, greedy)

@@ -365,10 +365,6 @@ class Scheduler:
         greedy-only programs)."""
         return all(r.params.temperature == 0 and not r.params.logprobs and not r.constrained for r in requests)
 
-    def decode_greedy(self) -> bool:
-        """Whether the decoding requests can run the greedy-only decode programs (`greedy_only`)."""
-        return self.greedy_only(self.decoding)
-
     def chained(self, previous: list[Request], previous_steps: int,
                 greedy: bool) -> tuple[list[Request], Variant] | None:
         """The next call chained after the one in flight over ``previous`` (``previous_steps`` steps): the

@@ -49,6 +49,11 @@ def make_engine(model, *, eos_token_ids=(), think_token_ids=None, warmup: bool =
 def test_config_checked():
     with pytest.raises(ValueError, match="decode_sizes"):
         EngineConfig(max_batch=4, decode_sizes=(2, 8))
+    for bad, key in [(dict(prefill_chunk=0), "prefill_chunk"), (dict(max_prefill_seqs=0), "max_prefill_seqs"),
+                     (dict(prefill_chunk=64, prefill_sizes=(16, 128)), "prefill_sizes")]:
+        with pytest.raises(ValueError, match=key):
+            EngineConfig(**bad)
+    assert EngineConfig(prefill_chunk=64, prefill_sizes=(16,)).prefill_buckets == (16, 64)
     with pytest.raises(ValueError, match="compile_threads"):
         EngineConfig(compile_threads=0)
     with pytest.raises(ValueError, match="snapshot_stride"):

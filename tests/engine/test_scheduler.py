@@ -160,11 +160,11 @@ def test_greedy_programs_wait_until_token_constraints_lapse():
     plain, held, thinking = decoding(s, request("plain", 4, 10), request("held", 4, 10, min_tokens=3),
                                      request("thinking", 4, 10))
     thinking.thinking_end = ThinkingEnd(9, after=5)
-    assert [r.constrained for r in (plain, held, thinking)] == [False, True, True] and not s.decode_greedy()
+    assert [r.constrained for r in (plain, held, thinking)] == [False, True, True] and not s.greedy_only(s.decoding)
     s.deliver([plain, held, thinking], samples([7, 7, 9]))  # the think block closes
     assert thinking.thinking_end is None and held.constrained
     s.deliver([plain, held, thinking], samples([7, 7, 7]))  # min_tokens reached
-    assert s.decode_greedy()
+    assert s.greedy_only(s.decoding)
     biased = request("biased", 4, 10, logit_bias={3: 1.0})
     assert biased.constrained
 
@@ -188,7 +188,7 @@ def test_prompt_logprob_requests_are_scored_before_admission():
 def test_a_call_chains_while_the_requests_stay_and_none_reaches_max_tokens():
     s = make(decode_steps=3)
     a, b = decoding(s, request("a", 4, 10), request("b", 4, 5))
-    assert s.decode_greedy()
+    assert s.greedy_only(s.decoding)
     assert s.chained([a, b], 3, True) == ([a, b], (True, 3))  # 6 left beyond the call in flight
     assert s.chained([a, b], 1, True) == ([a, b], (True, 3))
     assert s.chained([a, b], 4, True) is None  # b reaches max_tokens in the call in flight
@@ -202,7 +202,7 @@ def test_a_call_chains_while_the_requests_stay_and_none_reaches_max_tokens():
 def test_an_unchained_call_leaves_out_requests_with_nothing_left():
     s = make(decode_steps=3)
     a, b = decoding(s, request("a", 4, 10, logprobs=1), request("b", 4, 2))
-    assert not s.decode_greedy()  # a wants logprobs
+    assert not s.greedy_only(s.decoding)  # a wants logprobs
     assert s.unchained(False) == ([a, b], (False, 1))
     assert s.unchained(True, unread=[b]) == ([a], (True, 3))  # b's last token is sampled, not read yet
     assert s.unchained(True, unread=[a]) == ([a, b], (True, 3))  # 8 left for a
