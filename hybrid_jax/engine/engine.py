@@ -232,7 +232,7 @@ class Engine:
     def _loop(self) -> None:
         s = self.scheduler
         while not self._stop.is_set():
-            s.take_arrivals(block=s.idle and not self._can_score())
+            s.take_arrivals(block=s.idle and not self._can_score() and not self._can_run_first())
             s.reap_cancelled()
             if self._reset_prefix.is_set():
                 self._reset_prefix.clear()
@@ -248,6 +248,13 @@ class Engine:
                 log.exception("engine step failed")
                 self._inflight = self._first = None
                 s.fail_running(e)
+            if self._can_run_first():
+                self.runner.run_first_pending()
+
+    def _can_run_first(self) -> bool:
+        """Whether the engine idles with a program built in the background that has not run yet: its first run
+        (`Runner.run_once`) goes now, one program per turn of the loop, so an arrival waits for one at most."""
+        return self.scheduler.idle and self._inflight is None and self.runner.first_runs_pending()
 
     def _can_score(self) -> bool:
         """Whether the first request waiting for its prompt logprobs can be scored now (its program is built)."""

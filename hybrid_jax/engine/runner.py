@@ -96,6 +96,9 @@ class Runner:
         self.scorer = PromptScorer(graphdef, self._weights_def, self.weights, self.valid_vocab,
                                    config.max_model_len, self.store, self._program_context(), self.placement.batch)
         self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
+        # A program's first run costs on a GPU (`run_once`); the CPU records nothing on one.
+        self.first_runs = self.devices[0].platform != "cpu"
+        self._ran: set[tuple] = set()  # programs run once on a padding batch
         self._prepared = False  # the programs start needs are built
         self._load_seconds = 0.0  # spent loading them from the store
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
@@ -196,9 +199,9 @@ class Runner:
 
     def warmup(self) -> None:
         """Build the programs start needs (every one, or only the essential ones with ``background_compile``):
-        each loaded from the executable store or compiled; then run each once on a padding batch (null slot and
-        page), so nothing compiles while serving. On the CPU the runs are skipped; on a GPU a program's first
-        run records its CUDA graphs. With ``background_compile`` the rest are loaded or compiled after.
+        each loaded from the executable store or compiled; then run each once on a padding batch (`run_once`), so
+        nothing compiles while serving. With ``background_compile`` the rest are loaded or compiled after, and
+        the engine runs each once when it idles (`run_first_pending`).
 
         The (still empty) pools are released while compiling: XLA's GEMM autotuner allocates operand-sized
         scratch per program compiled (2.5 GB for the 27B lm_head), which the pools' share of memory leaves no
@@ -207,30 +210,10 @@ class Runner:
         if not self.weights_loaded:
             raise RuntimeError("warmup: the engine's model is abstract; attach the loaded model first")
         programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
-        if self.devices[0].platform != "cpu":  # the CPU records nothing on a first run
+        if self.first_runs:
             start = time.perf_counter()
             for key in wanted:
-                compiled, args = programs.get(key), programs.specs[key].args
-                if key[0] == "first_tokens":
-                    compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
-                             np.full(key[1], -1, np.int32))
-                elif key[0] == "prefill":
-                    _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
-                elif key[0] == "decode_logits":
-                    _, self.pools = compiled(self.weights, self.pools, args[2])
-                elif key[0] == "decode_sample":
-                    zeros = [jnp.zeros(a.shape, a.dtype) for a in (args[1], args[3], args[4])]
-                    *_, self.pools = compiled(self.pools, zeros[0], args[2], *zeros[1:])
-                elif self.host_moves is not None and key == self.host_moves.keys[0]:
-                    self.pools, self.snapshots = self.host_moves.round_trip(self.program, self.pools,
-                                                                            self.snapshots)
-                elif key[0].startswith("host_"):
-                    pass  # run by the round trip
-                elif key[0] == "grammar_masks":
-                    self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
-                else:
-                    ids = None if args[4] is None else np.zeros(args[4].shape, np.int32)
-                    *_, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3], ids)
+                self.run_once(key)
             jax.block_until_ready(self.pools)
             log.info("start-up: %d programs run once in %.1f s", len(wanted), time.perf_counter() - start)
         self._warm = True
@@ -239,6 +222,54 @@ class Runner:
         if self.config.background_compile and programs.compile_rest(max(1, threads // 4)) is not None:
             log.info("start-up: %d programs left to load or compile in the background (a larger bucket serves "
                      "meanwhile)", programs.pending)
+
+    def run_once(self, key: tuple) -> None:
+        """Run ``key``'s built program on a padding batch (null slot, page and snapshot: nothing cached is
+        touched). On a GPU a program's first run records its CUDA graphs and loads its kernels and GEMM plans,
+        tens of milliseconds at 9B that a request would otherwise wait."""
+        compiled, args = self.programs.get(key), self.programs.specs[key].args
+        if key[0] == "first_tokens":
+            compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),
+                     np.full(key[1], -1, np.int32))
+        elif key[0] == "prefill":
+            _, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3])
+        elif key[0] == "decode_logits":
+            _, self.pools = compiled(self.weights, self.pools, args[2])
+        elif key[0] == "decode_sample":
+            zeros = [jnp.zeros(a.shape, a.dtype) for a in (args[1], args[3], args[4])]
+            *_, self.pools = compiled(self.pools, zeros[0], args[2], *zeros[1:])
+        elif self.host_moves is not None and key == self.host_moves.keys[0]:
+            self.pools, self.snapshots = self.host_moves.round_trip(self.program, self.pools, self.snapshots)
+        elif key[0].startswith("host_"):
+            pass  # run by the round trip
+        elif key[0] == "grammar_masks":
+            self.pools = compiled(self.pools, np.zeros(key[1], np.int32), np.zeros(args[2].shape, np.int32))
+        else:
+            ids = None if args[4] is None else np.zeros(args[4].shape, np.int32)
+            *_, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3], ids)
+        self._ran.add(key)
+
+    def _first_pending(self) -> tuple | None:
+        """A program built after the warm-up that nothing has run yet (None: none, or first runs cost nothing)."""
+        if not (self.first_runs and self._warm):
+            return None
+        return next((k for k in tuple(self.programs.compiled) if k not in self._ran and not self.runs[k]), None)
+
+    def first_runs_pending(self) -> bool:
+        return self._first_pending() is not None
+
+    def run_first_pending(self) -> bool:
+        """Run once (`run_once`) a program built in the background that nothing has run yet; False when none is
+        left. The engine calls this while it idles, so no request pays a program's first run."""
+        key = self._first_pending()
+        if key is None:
+            return False
+        try:
+            self.run_once(key)
+        except Exception:  # not run again; a request's step reports its own failure
+            log.exception("the first run of %s failed", self.programs.specs[key].name)
+            self._ran.add(key)
+        return True
 
     @property
     def _compile_threads(self) -> int:

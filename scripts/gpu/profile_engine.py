@@ -3,14 +3,16 @@ on with a host tier (``host``) and off, one engine after the other in one proces
 real shapes.
 
     python3 scripts/gpu/profile_engine.py --size 9b [--concurrency 64] [--num-prompts 256] [--out prof.json]
-        [--variants on off host] [--kv-offloading-size 32] [--trace-prompts 64]
+        [--variants on off host] [--kv-offloading-size 32] [--trace-prompts 64] [--compilation-cache-dir DIR]
 
 Clients keep ``--concurrency`` requests of random 1024/128 token ids in flight (greedy, ignore_eos), as
 scripts/bench_serving.py does over HTTP. A sampler reads the engine thread's stack every millisecond; the
 table gives output tokens/s, TPOT p50 and the functions the engine thread was in most (its innermost frame in
 hybrid_jax, with the caller). ``--trace-prompts N`` then runs N more prompts under jax.profiler: the device's
 busy share of that loop's wall time, and the kernels whose total time differs most between the first two
-variants (is a variant's cost device work, or time the device waits on the host?).
+variants (is a variant's cost device work, or time the device waits on the host?). ``--compilation-cache-dir``
+keeps the programs across runs, so that one process per variant starts in seconds (a variant's figure can
+depend on the engines run before it in the same process).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import jax
 import numpy as np
 
 import hybrid_jax
+from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.profiling import by_family, device_kernels, largest_differences
@@ -116,7 +119,12 @@ def main() -> None:
     parser.add_argument("--kv-offloading-size", type=float, default=32.0, help="GiB, for the host variant")
     parser.add_argument("--trace-prompts", type=int, default=0, metavar="N",
                         help="trace a further loop of N prompts: device busy time and kernel differences")
+    parser.add_argument("--compilation-cache-dir", default=None, help="keep the compiled programs there across runs")
     args = parser.parse_args()
+    executables = None
+    if args.compilation_cache_dir:
+        enable_compilation_cache(args.compilation_cache_dir)
+        executables = executable_dir(args.compilation_cache_dir)
     model = hybrid_jax.random_model(args.size, "bfloat16")
     rng = np.random.default_rng(0)
     results = {}
@@ -126,7 +134,7 @@ def main() -> None:
                               decode_sizes=(args.concurrency,), prefill_sizes=(256, 1024),
                               enable_prefix_caching=variant != "off",
                               kv_offloading_size=args.kv_offloading_size if variant == "host" else 0.0)
-        engine = Engine(model, config, valid_vocab=248_077).start()
+        engine = Engine(model, config, valid_vocab=248_077, executable_dir=executables).start()
         decode = engine.runner.program(("decode", True, args.decode_steps, args.concurrency))
         copies = [line.strip()[:200] for line in decode.as_text().splitlines()
                   if " copy(" in line and copy_bytes(line) >= 2**20]

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -167,6 +168,34 @@ def test_background_compiles_serve_the_same_tokens(model):
     assert background.programs.pending > 0 or len(built) == len(background.programs.specs)
     assert serve(background) == want
     assert background.programs.wait(600) and background.programs.pending == 0
+
+
+def test_programs_built_in_the_background_run_once_while_the_engine_idles(model):
+    """A program's first run costs on a GPU (CUDA graphs, kernels, GEMM plans): each program built in the
+    background runs once on a padding batch while the engine idles, not inside a request, and those runs leave
+    the cached prefixes intact (the same tokens on a hit)."""
+    options = EngineConfig(max_batch=2, max_model_len=256, page_size=16, prefill_chunk=64, decode_steps=2,
+                           prefill_sizes=(32, 64), decode_sizes=(1, 2), background_compile=True)
+    engine = Engine(model, options)
+    engine.runner.first_runs = True  # as on a GPU (the CPU records nothing on a first run)
+    engine.start()
+    prompt = np.random.default_rng(6).integers(0, 512, 150).tolist()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    try:
+        handle = engine.submit(prompt, params)
+        want = [e.token_id for e in handle if e.token_id is not None]
+        assert engine.programs.wait(600) and engine.programs.pending == 0
+        deadline = time.monotonic() + 120
+        while engine.runner.first_runs_pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner = engine.runner
+        assert all(key in runner._ran or runner.runs[key] for key in engine.programs.specs)
+        assert {k for k in runner._ran if k[0] in ("prefill", "decode")} - set(runner.runs)  # some ran idle
+        again = engine.submit(prompt, params)
+        assert [e.token_id for e in again if e.token_id is not None] == want
+        assert again.num_cached_tokens == 128
+    finally:
+        engine.shutdown()
 
 
 def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
