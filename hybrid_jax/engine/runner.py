@@ -256,20 +256,21 @@ class Runner:
         return next((k for k in tuple(self.programs.compiled) if k not in self._ran and not self.runs[k]), None)
 
     def first_runs_pending(self) -> bool:
+        """Whether a program built in the background waits for its first run."""
         return self._first_pending() is not None
 
-    def run_first_pending(self) -> bool:
-        """Run once (`run_once`) a program built in the background that nothing has run yet; False when none is
-        left. The engine calls this while it idles, so no request pays a program's first run."""
+    def run_first_pending(self) -> None:
+        """Run once (`run_once`) a program built in the background that nothing has run yet, and wait for it. The
+        engine calls this while it idles, so no request pays a program's first run."""
         key = self._first_pending()
         if key is None:
-            return False
+            return
         try:
             self.run_once(key)
+            jax.block_until_ready((self.pools, self.snapshots))  # one at a time on the device too
         except Exception:  # not run again; a request's step reports its own failure
             log.exception("the first run of %s failed", self.programs.specs[key].name)
             self._ran.add(key)
-        return True
 
     @property
     def _compile_threads(self) -> int:
