@@ -175,7 +175,7 @@ def test_programs_built_in_the_background_run_once_while_the_engine_idles(model)
     background runs once on a padding batch while the engine idles, not inside a request, and those runs leave
     the cached prefixes intact (the same tokens on a hit)."""
     options = EngineConfig(max_batch=2, max_model_len=256, page_size=16, prefill_chunk=64, decode_steps=2,
-                           prefill_sizes=(32, 64), decode_sizes=(1, 2), background_compile=True)
+                           prefill_sizes=(32, 64), decode_sizes=(2,), background_compile=True)
     engine = Engine(model, options)
     engine.runner.first_runs = True  # as on a GPU (the CPU records nothing on a first run)
     engine.start()
