@@ -1,6 +1,6 @@
 """The executable store: a restarted engine loads its programs instead of compiling them and gives the same tokens;
 a corrupt or stale entry is compiled again; a directory others can write is refused; background compiles serve
-the same tokens as a full warm-up."""
+the same tokens as a full warm-up, and each runs once while the engine idles."""
 
 import json
 import os
@@ -143,9 +143,11 @@ def model():
     return hybrid_jax.load_pretrained(ROOT / "tests" / "fixtures" / "golden" / "causal_grouped", "float32")
 
 
-def test_background_compiles_serve_the_same_tokens(model):
+def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(model):
     """Ready with only the largest buckets built: requests run on them (or a plainer variant) while the rest
-    compile, with the tokens of an engine that built everything first."""
+    compile, with the tokens of an engine that built everything first. Then each program built in the
+    background runs once on a padding batch while the engine idles, not inside a request (a first run costs on
+    a GPU: CUDA graphs, kernels, GEMM plans), and those runs leave the cached prefixes intact."""
     options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2,
                    decode_steps=3)
     rng = np.random.default_rng(5)
@@ -153,50 +155,34 @@ def test_background_compiles_serve_the_same_tokens(model):
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
     def serve(engine):
-        try:
-            handles = [engine.submit(p, params) for p in prompts]
-            return [[e.token_id for e in h if e.token_id is not None] for h in handles]
-        finally:
-            engine.shutdown()
+        handles = [engine.submit(p, params) for p in prompts]
+        return [[e.token_id for e in h if e.token_id is not None] for h in handles], handles
 
     full = Engine(model, EngineConfig(**options)).start()
     assert full.programs.pending == 0
-    want = serve(full)
-    background = Engine(model, EngineConfig(**options, background_compile=True)).start()
-    built = set(background.programs.compiled)
-    assert {k for k, spec in background.programs.specs.items() if spec.essential} <= built
-    assert background.programs.pending > 0 or len(built) == len(background.programs.specs)
-    assert serve(background) == want
-    assert background.programs.wait(600) and background.programs.pending == 0
-
-
-def test_programs_built_in_the_background_run_once_while_the_engine_idles(model):
-    """A program's first run costs on a GPU (CUDA graphs, kernels, GEMM plans): each program built in the
-    background runs once on a padding batch while the engine idles, not inside a request, and those runs leave
-    the cached prefixes intact (the same tokens on a hit)."""
-    options = EngineConfig(max_batch=2, max_model_len=256, page_size=16, prefill_chunk=64, decode_steps=2,
-                           prefill_sizes=(32, 64), decode_sizes=(2,), background_compile=True)
-    engine = Engine(model, options)
-    engine.runner.first_runs = True  # as on a GPU (the CPU records nothing on a first run)
-    engine.start()
-    prompt = np.random.default_rng(6).integers(0, 512, 150).tolist()
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     try:
-        handle = engine.submit(prompt, params)
-        want = [e.token_id for e in handle if e.token_id is not None]
-        assert engine.programs.wait(600) and engine.programs.pending == 0
-        deadline = time.monotonic() + 120
-        while engine.runner.first_runs_pending() and time.monotonic() < deadline:
+        want, _ = serve(full)
+    finally:
+        full.shutdown()
+    background = Engine(model, EngineConfig(**options, background_compile=True))
+    background.runner.first_runs = True  # as on a GPU (the CPU records nothing on a first run)
+    background.start()
+    try:
+        built = set(background.programs.compiled)
+        assert {k for k, spec in background.programs.specs.items() if spec.essential} <= built
+        assert background.programs.pending > 0 or len(built) == len(background.programs.specs)
+        assert serve(background)[0] == want
+        assert background.programs.wait(600) and background.programs.pending == 0
+        runner, deadline = background.runner, time.monotonic() + 120
+        while runner.first_runs_pending() and time.monotonic() < deadline:
             time.sleep(0.05)
-        runner = engine.runner
-        assert all(key in runner._ran or runner.runs[key] for key in engine.programs.specs)
+        assert all(key in runner._ran or runner.runs[key] for key in background.programs.specs)
         ran_idle = runner._ran - set(runner._start_programs)  # the warm-up ran those
         assert {k[0] for k in ran_idle} >= {"prefill", "decode"}
-        again = engine.submit(prompt, params)
-        assert [e.token_id for e in again if e.token_id is not None] == want
-        assert again.num_cached_tokens == 128
+        tokens, handles = serve(background)
+        assert tokens == want and handles[2].num_cached_tokens == 64
     finally:
-        engine.shutdown()
+        background.shutdown()
 
 
 def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
