@@ -225,8 +225,8 @@ class Runner:
 
     def run_once(self, key: tuple) -> None:
         """Run ``key``'s built program on a padding batch (null slot, page and snapshot: nothing cached is
-        touched). On a GPU a program's first run records its CUDA graphs and loads its kernels and GEMM plans,
-        tens of milliseconds at 9B that a request would otherwise wait."""
+        touched). On a GPU a program's first run costs more than later ones (it records its CUDA graphs): tens of
+        milliseconds at 9B that a request would otherwise wait."""
         compiled, args = self.programs.get(key), self.programs.specs[key].args
         if key[0] == "first_tokens":
             compiled(np.zeros(key[1], np.int32), np.zeros(self.config.max_prefill_seqs, np.int32),

@@ -147,7 +147,7 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
     """Ready with only the largest buckets built: requests run on them (or a plainer variant) while the rest
     compile, with the tokens of an engine that built everything first. Then each program built in the
     background runs once on a padding batch while the engine idles, not inside a request (a first run costs on
-    a GPU: CUDA graphs, kernels, GEMM plans), and those runs leave the cached prefixes intact."""
+    a GPU: it records CUDA graphs), and those runs leave the cached prefixes intact."""
     options = dict(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64, max_prefill_seqs=2,
                    decode_steps=3)
     rng = np.random.default_rng(5)
