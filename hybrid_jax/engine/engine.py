@@ -192,8 +192,13 @@ class Engine:
         return self.runner.load_stored_programs()
 
     def release(self) -> None:
-        """Free the device memory of an engine that will not start."""
+        """Free the pools' device memory (see `Runner.release`)."""
         self.runner.release()
+
+    def lower_start_programs(self) -> None:
+        """Trace and lower the missing programs start needs, from the model's shapes alone (see
+        `Runner.lower_start_programs`)."""
+        self.runner.lower_start_programs()
 
     def attach(self, model: Qwen35ForCausalLM) -> None:
         """Give an engine built over an abstract model the loaded one (same config, shapes and dtypes)."""

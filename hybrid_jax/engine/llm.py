@@ -111,26 +111,23 @@ class LLM:
                          executable_dir=executables)
         tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-tokenizer")
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
-        self.model = self.engine = None
         if engine_config.tensor_parallel_size == 1 and warmup:
-            # The weights load in a thread while the engine is built over the model's shapes and its stored
-            # start programs load. Compiles wait for the weights instead: XLA's autotuner scratch beside
-            # weights still loading fragments device memory (27B ran out of memory at its first step).
+            # The weights load in a thread while the engine is built over the model's shapes and its start
+            # programs load from the store, or else are traced and lowered. XLA's compiles wait for the weights:
+            # its autotuner's scratch beside weights still loading fragments device memory (27B ran out of memory
+            # at its first step), so the pools are freed until the compiles are done.
             with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
                 loading = pool.submit(self._load, source)
-                abstract_engine = Engine(source.abstract, engine_config, **engine_kw)
-                stored = abstract_engine.load_stored_programs()
-                if stored:
-                    abstract_engine.prepare_programs()
+                self.engine = Engine(source.abstract, engine_config, **engine_kw)
+                if self.engine.load_stored_programs():
+                    self.engine.prepare_programs()
                 else:
-                    abstract_engine.release()
+                    self.engine.release()
+                    self.engine.lower_start_programs()
                 self.model = loading.result()
-            if stored:
-                abstract_engine.attach(self.model)
-                self.engine = abstract_engine
-        if self.model is None:
+            self.engine.attach(self.model)
+        else:
             self.model = self._load(source)
-        if self.engine is None:
             self.engine = Engine(self.model, engine_config, **engine_kw)
         self.engine.start(warmup=warmup)
         tables.result()

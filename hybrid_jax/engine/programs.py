@@ -233,12 +233,14 @@ class Programs:
     """The engine's compiled programs by key: each loaded from the store or compiled (and stored).
 
     ``prepare`` loads every stored program and compiles the missing essential ones (or all of them); the rest
-    compile one at a time in a background thread (``compile_rest``), each usable as soon as it is built.
+    compile one at a time in a background thread (``compile_rest``), each usable as soon as it is built. A
+    program may be traced and lowered ahead of its compile (``lower``: from shapes alone, while the weights load).
     """
 
     def __init__(self, specs: dict[Any, ProgramSpec], store: ExecutableStore | None, context: dict[str, Any]):
         self.specs, self.store, self.context = specs, store, context
         self.compiled: dict[Any, jax.stages.Compiled] = {}
+        self.lowered: dict[Any, jax.stages.Lowered] = {}  # traced and lowered, not compiled yet
         self.counts = {"loaded": 0, "compiled": 0}
         self._count_lock = threading.Lock()
         self._background: threading.Thread | None = None
@@ -252,12 +254,13 @@ class Programs:
         return len(self.specs) - len(self.compiled)
 
     def build(self, key, load: bool = True) -> jax.stages.Compiled:
-        """Load ``key``'s program from the store (unless ``load`` is False: already tried), else lower and
-        compile it (and store it)."""
+        """Load ``key``'s program from the store (unless ``load`` is False: already tried), else lower (unless
+        `lower` did) and compile it (and store it)."""
         compiled = self._load(key) if load else None
         if compiled is None:
             spec = self.specs[key]
-            compiled = spec.fn.lower(*spec.args).compile()
+            lowered = self.lowered.pop(key, None)
+            compiled = (lowered if lowered is not None else spec.fn.lower(*spec.args)).compile()
             if self.store is not None:
                 self.store.save(spec.name, self._store_key(key), compiled)
             self._count("compiled")
@@ -288,6 +291,16 @@ class Programs:
     def _count(self, what: str) -> None:
         with self._count_lock:
             self.counts[what] += 1
+
+    def lower(self, keys: Sequence[Any]) -> float:
+        """Trace and lower ``keys`` (those not built or lowered yet) on this thread, for `build` to compile later;
+        returns the seconds taken."""
+        keys = [k for k in keys if k not in self.compiled and k not in self.lowered]
+        start = time.perf_counter()
+        for key in tqdm(keys, desc="lowering programs", unit="program", disable=None, leave=False):
+            spec = self.specs[key]
+            self.lowered[key] = spec.fn.lower(*spec.args)
+        return time.perf_counter() - start
 
     def compile_missing(self, keys: Sequence[Any], threads: int, progress: str) -> float:
         """Build ``keys`` (those not built yet), ``threads`` at a time; returns the seconds taken."""

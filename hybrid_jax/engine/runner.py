@@ -176,8 +176,17 @@ class Runner:
         return all(self.programs.get(k) is not None for k in wanted)
 
     def release(self) -> None:
-        """Free the pools of a runner that will not start (their device memory goes back at once)."""
+        """Free the pools (their device memory goes back at once): a runner that will not start, or one whose
+        programs compile before it starts (`prepare_programs` allocates them again after)."""
         self.pools = self.snapshots = None
+
+    def lower_start_programs(self) -> None:
+        """Trace and lower the programs start needs that are not built, from their shapes alone: this may run while
+        the weights load. Their XLA compile waits for `prepare_programs`."""
+        missing = [k for k in self._start_programs if self.programs.get(k) is None]
+        seconds = self.programs.lower(missing)
+        log.info("start-up: %d programs traced and lowered in %.1f s (compiled once the weights are in place)",
+                 len(missing), seconds)
 
     def prepare_programs(self) -> None:
         """Load or compile the programs start needs; only their shapes are read, so this may run while the

@@ -185,8 +185,9 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
         background.shutdown()
 
 
-def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
-    """An engine over the model's shapes builds its programs; given the loaded model it serves its tokens."""
+def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
+    """An engine over the model's shapes traces and lowers its programs (as a cold start does while the weights
+    load); given the loaded model it compiles those lowerings and serves the plain engine's tokens."""
     from hybrid_jax.weights import abstract_model
 
     options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2,
@@ -199,13 +200,17 @@ def test_programs_build_from_an_abstract_model_while_its_weights_load(model):
     finally:
         plain.shutdown()
     engine = Engine(abstract_model(model.config, model.dtype), options)
-    engine.prepare_programs()
+    engine.release()  # the pools wait for the compiles
+    engine.lower_start_programs()
+    programs = engine.programs
+    assert set(programs.lowered) == set(programs.specs) and not programs.compiled
     with pytest.raises(RuntimeError, match="attach"):
         engine.start()
     with pytest.raises(ValueError, match="parameters differ"):
         engine.attach(hybrid_jax.random_model(model.config.replace(vocab_size=256), "float32"))
     engine.attach(model)
     engine.start()
+    assert not programs.lowered and programs.counts["compiled"] == len(programs.specs)
     try:
         assert [e.token_id for e in engine.submit(prompt, params) if e.token_id is not None] == want
     finally:
