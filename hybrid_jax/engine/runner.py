@@ -202,6 +202,7 @@ class Runner:
             self.pools = self.snapshots = None
             seconds = programs.compile_missing(missing, threads, "compiling programs")
             log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
+        if self.pools is None:  # released for the compiles (or by `release`, before another process stored them)
             self.pools = self.placement.allocate_pools(self.store)
             self.snapshots = self.placement.allocate_snapshots(self.store)
         self._prepared = True

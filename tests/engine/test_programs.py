@@ -187,7 +187,8 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
 
 def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
     """An engine over the model's shapes traces and lowers its programs (as a cold start does while the weights
-    load); given the loaded model it compiles those lowerings and serves the plain engine's tokens."""
+    load); given the loaded model it compiles those lowerings and serves the plain engine's tokens. One released
+    while its programs were missing starts too when they turn up built (another process stored them)."""
     from hybrid_jax.weights import abstract_model
 
     options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2,
@@ -215,6 +216,15 @@ def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
         assert [e.token_id for e in engine.submit(prompt, params) if e.token_id is not None] == want
     finally:
         engine.shutdown()
+    late = Engine(abstract_model(model.config, model.dtype), options)
+    late.release()
+    late.programs.compiled.update(programs.compiled)
+    late.attach(model)
+    late.start()
+    try:
+        assert [e.token_id for e in late.submit(prompt, params) if e.token_id is not None] == want
+    finally:
+        late.shutdown()
 
 
 def test_prefill_has_no_branch_for_the_host_to_wait_on(model):
