@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 
 # Eight fake CPU devices for the tensor-parallel tests, and LLVM's costly optimizations off: the tests' tiny
-# programs spend far longer compiling than running (the suite on a 2-core machine, cold cache: 754 s against
-# 889 s). Set before JAX starts its backend; the servers and engines the tests start as processes inherit them.
+# programs spend far longer compiling than running. Set before JAX starts its backend; the servers and engines
+# the tests start as processes inherit them.
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (" --xla_force_host_platform_device_count=8"
                                                              " --xla_backend_optimization_level=0"
                                                              " --xla_llvm_disable_expensive_passes=true")
