@@ -232,9 +232,9 @@ class ProgramSpec(NamedTuple):
 class Programs:
     """The engine's compiled programs by key: each loaded from the store or compiled (and stored).
 
-    ``prepare`` loads every stored program and compiles the missing essential ones (or all of them); the rest
-    compile one at a time in a background thread (``compile_rest``), each usable as soon as it is built. A
-    program may be traced and lowered ahead of its compile (``lower``: from shapes alone, while the weights load).
+    The runner loads the stored programs start needs (``load_stored``) and compiles the missing ones
+    (``compile_missing``), which may have been traced and lowered ahead (``lower``: from shapes alone, while the
+    weights load); the rest build in a background thread (``compile_rest``), each usable as soon as it is built.
     """
 
     def __init__(self, specs: dict[Any, ProgramSpec], store: ExecutableStore | None, context: dict[str, Any]):
