@@ -98,7 +98,7 @@ class Runner:
         self.runs: Counter[tuple] = Counter()  # programs run while serving (not the warm-up's), by key
         # A program's first run costs on a GPU (`run_once`); the CPU records nothing on one.
         self.first_runs = self.devices[0].platform != "cpu"
-        self._ran: set[tuple] = set()  # programs run once on a padding batch
+        self.ran_once: set[tuple] = set()  # programs run once on a padding batch
         self._prepared = False  # the programs start needs are built
         self._load_seconds = 0.0  # spent loading them from the store
         self._warm = False  # after warmup(): a missing program is never compiled on the engine thread
@@ -170,7 +170,7 @@ class Runner:
 
     def load_stored_programs(self) -> bool:
         """Load the programs start needs that the executable store holds; True when none is missing."""
-        wanted, start = self._start_programs, time.perf_counter()
+        wanted, start = self.start_programs, time.perf_counter()
         self.programs.load_stored(self._compile_threads, wanted)
         self._load_seconds += time.perf_counter() - start
         return all(self.programs.get(k) is not None for k in wanted)
@@ -183,7 +183,7 @@ class Runner:
     def lower_start_programs(self) -> None:
         """Trace and lower the programs start needs that are not built, from their shapes alone: this may run while
         the weights load. Their XLA compile waits for `prepare_programs`."""
-        missing = [k for k in self._start_programs if self.programs.get(k) is None]
+        missing = [k for k in self.start_programs if self.programs.get(k) is None]
         seconds = self.programs.lower(missing)
         log.info("start-up: %d programs traced and lowered in %.1f s (compiled once the weights are in place)",
                  len(missing), seconds)
@@ -193,7 +193,7 @@ class Runner:
         weights load (an abstract model)."""
         if self._prepared:
             return
-        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
+        programs, threads, wanted = self.programs, self._compile_threads, self.start_programs
         self.load_stored_programs()
         log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", programs.counts["loaded"],
                  len(wanted), self._load_seconds)
@@ -219,7 +219,7 @@ class Runner:
         self.prepare_programs()
         if not self.weights_loaded:
             raise RuntimeError("warmup: the engine's model is abstract; attach the loaded model first")
-        programs, threads, wanted = self.programs, self._compile_threads, self._start_programs
+        programs, threads, wanted = self.programs, self._compile_threads, self.start_programs
         if self.first_runs:
             start = time.perf_counter()
             for key in wanted:
@@ -257,13 +257,13 @@ class Runner:
         else:
             ids = None if args[4] is None else np.zeros(args[4].shape, np.int32)
             *_, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3], ids)
-        self._ran.add(key)
+        self.ran_once.add(key)
 
     def _first_pending(self) -> tuple | None:
         """A program built after the warm-up that nothing has run yet (None: none, or first runs cost nothing)."""
         if not (self.first_runs and self._warm):
             return None
-        return next((k for k in tuple(self.programs.compiled) if k not in self._ran and not self.runs[k]), None)
+        return next((k for k in tuple(self.programs.compiled) if k not in self.ran_once and not self.runs[k]), None)
 
     def first_runs_pending(self) -> bool:
         """Whether a program built in the background waits for its first run."""
@@ -280,14 +280,14 @@ class Runner:
             jax.block_until_ready((self.pools, self.snapshots))  # one at a time on the device too
         except Exception:  # not run again; a request's step reports its own failure
             log.exception("the first run of %s failed", self.programs.specs[key].name)
-            self._ran.add(key)
+            self.ran_once.add(key)
 
     @property
     def _compile_threads(self) -> int:
         return max(1, min(os.cpu_count() or 1, self.config.compile_threads))
 
     @property
-    def _start_programs(self) -> list[tuple]:
+    def start_programs(self) -> list[tuple]:
         """The programs built before start returns: every one, or the essential ones with background_compile."""
         return [k for k, spec in self.programs.specs.items() if spec.essential or not self.config.background_compile]
 

@@ -176,8 +176,8 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
         runner, deadline = background.runner, time.monotonic() + 120
         while runner.first_runs_pending() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(key in runner._ran or runner.runs[key] for key in background.programs.specs)
-        ran_idle = runner._ran - set(runner._start_programs)  # the warm-up ran those
+        assert all(key in runner.ran_once or runner.runs[key] for key in background.programs.specs)
+        ran_idle = runner.ran_once - set(runner.start_programs)  # the warm-up ran those
         assert {k[0] for k in ran_idle} >= {"prefill", "decode"}
         tokens, handles = serve(background)
         assert tokens == want and handles[2].num_cached_tokens == 64
