@@ -27,7 +27,8 @@ null where it omits them, as vLLM does without ``--enable-prompt-tokens-details`
   prompt and cached tokens; in all: the summed TTFT. ``--chat-ids`` holds the conversation as token ids on
   /v1/completions instead (random ids for the system prompt and user turns, each answer's own ids appended, read
   back with ``return_tokens_as_token_ids``): what a model whose answers re-tokenize to themselves sends, which
-  random weights' answers do not.
+  random weights' answers do not. ``--chat-system-seen`` first sends, untimed, another conversation's first turn
+  on the same system prompt (a deployment's system prompt is shared by its conversations), so turn 1 may hit it.
 - ``shared-system``: requests that share a random 2048-id prefix, each with its own 128-id suffix, at fixed
   concurrency; one request primes the prefix before the timed ones. TTFT p50/p99, requests/s, output tokens/s,
   mean cached tokens and the requests that hit.
@@ -240,6 +241,11 @@ async def chat(server: Server, args, rng) -> dict:
     extra = {"chat_template_kwargs": args.chat_template_kwargs} if args.chat_template_kwargs else {}
     messages = [{"role": "system", "content": words(args.chat_system_words)}]
     history = ids(args.chat_system_words)  # --chat-ids: the conversation's token ids
+    if args.chat_system_seen:  # another conversation's first turn on the same system prompt, untimed
+        if args.chat_ids:
+            await server.complete(history + ids(args.chat_user_words), 1)
+        else:
+            await server.chat([*messages, {"role": "user", "content": words(args.chat_user_words)}], 1, **extra)
     rows = []
     for turn in range(1, args.chat_turns + 1):
         if turn > 1:
@@ -371,6 +377,8 @@ def main() -> None:
     group.add_argument("--chat-max-tokens", type=int, default=128)
     group.add_argument("--chat-think-s", type=float, default=0.0, help="seconds between an answer and the next turn")
     group.add_argument("--chat-ids", action="store_true", help="the conversation as token ids on /v1/completions")
+    group.add_argument("--chat-system-seen", action="store_true",
+                       help="another conversation's first turn on the same system prompt goes first, untimed")
     group.add_argument("--chat-template-kwargs", type=json.loads, default=None,
                        help='JSON sent as chat_template_kwargs, e.g. \'{"enable_thinking": false}\'')
     group = parser.add_argument_group("shared-system")

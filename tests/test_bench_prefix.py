@@ -1,11 +1,13 @@
 """scripts/bench_prefix.py without a server: chunk parsing, usage, length caps, summaries and a stream read from a
 stand-in for aiohttp's session (the script's own client; no network)."""
 
+import argparse
 import asyncio
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_prefix.py"
@@ -137,3 +139,40 @@ def test_histogram_totals_from_a_metrics_page():
     ])
     assert bench.histogram_totals(page, "vllm:time_to_first_token_seconds") == (0.75, 12.0)
     assert bench.histogram_totals(page, "vllm:request_queue_time_seconds") is None
+
+
+class RecordingServer:
+    """Answers every request with 2 token ids and no cached tokens, recording (endpoint, prompt, max_tokens)."""
+
+    def __init__(self):
+        self.sent = []
+
+    async def complete(self, prompt, max_tokens, **extra):
+        self.sent.append(("completions", list(prompt), max_tokens))
+        return {"ttft": 0.01, "latency": 0.02, "text": "ab", "token_ids": [7, 8], "prompt_tokens": len(prompt),
+                "completion_tokens": 2, "cached_tokens": 0}
+
+    async def chat(self, messages, max_tokens, **extra):
+        self.sent.append(("chat", [dict(m) for m in messages], max_tokens))
+        return {"ttft": 0.01, "latency": 0.02, "text": "ab", "token_ids": [], "prompt_tokens": 10,
+                "completion_tokens": 2, "cached_tokens": 0}
+
+
+@pytest.mark.parametrize("as_ids", [True, False])
+def test_chat_with_its_system_prompt_seen_first(as_ids):
+    args = argparse.Namespace(chat_turns=3, chat_system_words=5, chat_user_words=2, chat_max_tokens=4,
+                              chat_think_s=0.0, chat_ids=as_ids, chat_system_seen=True, chat_template_kwargs=None,
+                              vocab=1000)
+    server = RecordingServer()
+    result = asyncio.run(bench.chat(server, args, np.random.default_rng(0)))
+    assert len(server.sent) == 4 and [row["turn"] for row in result["rows"]] == [1, 2, 3]  # the first is untimed
+    (_, primer, primer_tokens), (_, turn1, turn1_tokens) = server.sent[:2]
+    assert primer_tokens == 1 and turn1_tokens == 4
+    if as_ids:
+        assert primer[:5] == turn1[:5] and len(primer) == len(turn1) == 7 and primer[5:] != turn1[5:]
+    else:
+        assert primer[0] == turn1[0] and primer[0]["role"] == "system" and primer[1] != turn1[1]
+    args.chat_system_seen = False
+    server = RecordingServer()
+    asyncio.run(bench.chat(server, args, np.random.default_rng(0)))
+    assert len(server.sent) == 3
