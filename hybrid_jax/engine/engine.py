@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -160,6 +161,8 @@ class Engine:
             raise RuntimeError("start: the engine's model is abstract; attach the loaded model first")
         if warmup:
             self.warmup()
+        else:  # programs compile on first use
+            self.runner.ensure_pools()
         self._thread = threading.Thread(target=self._loop, name="hybrid-jax-engine", daemon=True)
         self._thread.start()
         return self
@@ -184,7 +187,7 @@ class Engine:
         self.runner.warmup()
 
     def prepare_programs(self) -> None:
-        """Load or compile the programs start needs, from the model's shapes alone (see `Runner.prepare_programs`)."""
+        """Load or compile the programs start needs and allocate the pools (see `Runner.prepare_programs`)."""
         self.runner.prepare_programs()
 
     def load_stored_programs(self) -> bool:
@@ -195,10 +198,10 @@ class Engine:
         """Free the pools' device memory (see `Runner.release`)."""
         self.runner.release()
 
-    def lower_start_programs(self) -> None:
-        """Trace and lower the missing programs start needs, from the model's shapes alone (see
+    def lower_start_programs(self, until: Callable[[], bool] | None = None) -> None:
+        """Trace and lower the missing programs start needs, from the model's shapes alone, until ``until()`` (see
         `Runner.lower_start_programs`)."""
-        self.runner.lower_start_programs()
+        self.runner.lower_start_programs(until)
 
     def attach(self, model: Qwen35ForCausalLM) -> None:
         """Give an engine built over an abstract model the loaded one (same config, shapes and dtypes)."""

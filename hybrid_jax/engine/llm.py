@@ -113,17 +113,17 @@ class LLM:
         tables = tokenizer_pool.submit(self.tokenizer.prepare)  # beside the weights and the programs
         if engine_config.tensor_parallel_size == 1 and warmup:
             # The weights load in a thread while the engine is built over the model's shapes and its start
-            # programs load from the store, or else are traced and lowered. XLA's compiles wait for the weights:
-            # its autotuner's scratch beside weights still loading fragments device memory (27B ran out of memory
-            # at its first step), so the pools are freed until the compiles are done.
+            # programs load from the store (then its pools are allocated), or else are traced and lowered until
+            # the weights are in. XLA's compiles, and then the pools, wait for the weights: the autotuner's
+            # scratch beside weights still loading fragments device memory (27B ran out of memory at its first
+            # step).
             with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-weights") as pool:
                 loading = pool.submit(self._load, source)
                 self.engine = Engine(source.abstract, engine_config, **engine_kw)
                 if self.engine.load_stored_programs():
                     self.engine.prepare_programs()
                 else:
-                    self.engine.release()
-                    self.engine.lower_start_programs()
+                    self.engine.lower_start_programs(until=loading.done)
                 self.model = loading.result()
             self.engine.attach(self.model)
         else:

@@ -50,6 +50,14 @@ class Placement:
             return None
         return jax.tree.map(lambda p: NamedSharding(self.mesh, p.partition), specs, is_leaf=is_pool_spec)
 
+    def pool_structs(self) -> dict:
+        """The pools as the programs take them: shapes, dtypes and (under a mesh) shardings."""
+        return _placed(self.pool_shapes, self.pools)
+
+    def snapshot_structs(self) -> dict | None:
+        """The snapshot pool as the programs take it (None without one)."""
+        return None if self.snapshot_shapes is None else _placed(self.snapshot_shapes, self.snapshots)
+
     def allocate_pools(self, store: ExecutableStore | None = None) -> dict:
         """The cache pools, zeroed (the program that zeroes them kept in ``store``)."""
         return allocate_pools(self.pool_shapes, self.pools, store)
@@ -58,3 +66,10 @@ class Placement:
         """The snapshot pool, zeroed (None without one)."""
         return None if self.snapshot_shapes is None else allocate_pools(self.snapshot_shapes, self.snapshots,
                                                                           store, "snapshots")
+
+
+def _placed(shapes: dict, shardings: dict | None) -> dict:
+    if shardings is None:
+        return shapes
+    return jax.tree.map(lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes,
+                        shardings)

@@ -21,7 +21,7 @@ import pickle
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -285,6 +285,7 @@ class Programs:
             return None
         compiled = self.store.load(self.specs[key].name, self._store_key(key))
         if compiled is not None:
+            self.lowered.pop(key, None)  # stored meanwhile by another process
             self._count("loaded")
         return compiled
 
@@ -292,15 +293,18 @@ class Programs:
         with self._count_lock:
             self.counts[what] += 1
 
-    def lower(self, keys: Sequence[Any]) -> float:
-        """Trace and lower ``keys`` (those not built or lowered yet) on this thread, for `build` to compile later;
-        returns the seconds taken."""
+    def lower(self, keys: Sequence[Any], until: Callable[[], bool] | None = None) -> tuple[int, float]:
+        """Trace and lower ``keys`` (those not built or lowered yet) on this thread, in order, for `build` to
+        compile later, stopping early once ``until()``; returns (programs lowered, seconds taken)."""
         keys = [k for k in keys if k not in self.compiled and k not in self.lowered]
-        start = time.perf_counter()
+        start, count = time.perf_counter(), 0
         for key in tqdm(keys, desc="lowering programs", unit="program", disable=None, leave=False):
+            if until is not None and until():
+                break
             spec = self.specs[key]
             self.lowered[key] = spec.fn.lower(*spec.args)
-        return time.perf_counter() - start
+            count += 1
+        return count, time.perf_counter() - start
 
     def compile_missing(self, keys: Sequence[Any], threads: int, progress: str) -> float:
         """Build ``keys`` (those not built yet), ``threads`` at a time; returns the seconds taken."""

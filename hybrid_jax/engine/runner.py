@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 
 import jax
@@ -48,9 +49,11 @@ class Runner:
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig, *, valid_vocab: int | None = None,
                  executable_dir: str | os.PathLike | None = None, grammars: bool = False):
-        """``model`` may be abstract (shape-only parameters): its programs can be built (`prepare_programs`)
-        while the weights load, and `attach` gives it the loaded model before `warmup`. ``grammars``: requests
-        may have one (their programs are built)."""
+        """``model`` may be abstract (shape-only parameters): while its weights load, its stored programs can be
+        loaded (`load_stored_programs`, then `prepare_programs` allocates the pools) or the missing ones traced
+        and lowered (`lower_start_programs`); `attach` gives it the loaded model before `warmup`. Its pools are
+        allocated by `prepare_programs` (a loaded model's at once). ``grammars``: requests may have one (their
+        programs are built)."""
         self.model, self.config, self.grammars = model, config, grammars
         self.valid_vocab = valid_vocab or model.config.vocab_size
         # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
@@ -73,17 +76,16 @@ class Runner:
         self.placement = Placement(model, self.layout, mesh, tp)
         self.devices = self.placement.devices
         self.store = ExecutableStore(executable_dir, self.devices) if executable_dir is not None else None
-        start = time.perf_counter()
-        self.pools = self.placement.allocate_pools(self.store)
-        self.snapshots = self.placement.allocate_snapshots(self.store)
-        log.info("start-up: cache pools allocated in %.1f s", time.perf_counter() - start)
+        self.pools = self.snapshots = None  # the cache pools and the snapshot pool: `ensure_pools`
+        if self.weights_loaded:
+            self.ensure_pools()
         # Under a mesh, one step per call (DESIGN's alternatives: the multi-step loop measured slow there).
         self.decode_steps = config.decode_steps if mesh is None else 1
         self.steps = JittedSteps(model.config, graphdef, self._weights_def, self.weights, self.placement,
                                  page_size=self.layout.page_size, valid_vocab=self.valid_vocab,
                                  decode_steps=self.decode_steps)
         self.host_tier = self.host_moves = None  # the prefix cache's host-memory tier (kv_offloading_size)
-        if config.kv_offloading_size and self.snapshots is not None:
+        if config.kv_offloading_size and self.placement.snapshot_shapes is not None:
             per_block = config.prefix_block // self.layout.page_size
             self.host_moves = HostMoves(self.placement, per_block)
             nbytes = lambda tree: sum(s.size * s.dtype.itemsize for s in jax.tree.leaves(tree))
@@ -114,8 +116,7 @@ class Runner:
         # from the compiled one's.
         placed = lambda a: a.sharding if self.placement.mesh is not None else None
         shape_of = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=placed(a))
-        pools = jax.tree.map(shape_of, self.pools)
-        snapshots = jax.tree.map(shape_of, self.snapshots) if self.snapshots is not None else None
+        pools, snapshots = self.placement.pool_structs(), self.placement.snapshot_structs()
         weights = tuple(map(shape_of, self.weights))
         largest_decode, largest_prefill = self.config.decode_buckets[-1], self.config.prefill_buckets[-1]
         rows = lambda n: jax.ShapeDtypeStruct((n,), jnp.int32, sharding=self.placement.batch)  # placed as a batch
@@ -175,37 +176,44 @@ class Runner:
         self._load_seconds += time.perf_counter() - start
         return all(self.programs.get(k) is not None for k in wanted)
 
-    def release(self) -> None:
-        """Free the pools (their device memory goes back at once): a runner that will not start, or one whose
-        programs compile before it starts (`prepare_programs` allocates them again after)."""
-        self.pools = self.snapshots = None
-
-    def lower_start_programs(self) -> None:
-        """Trace and lower the programs start needs that are not built, from their shapes alone: this may run while
-        the weights load. Their XLA compile waits for `prepare_programs`."""
-        missing = [k for k in self.start_programs if self.programs.get(k) is None]
-        seconds = self.programs.lower(missing)
-        log.info("start-up: %d programs traced and lowered in %.1f s (compiled once the weights are in place)",
-                 len(missing), seconds)
-
-    def prepare_programs(self) -> None:
-        """Load or compile the programs start needs; only their shapes are read, so this may run while the
-        weights load (an abstract model)."""
-        if self._prepared:
-            return
-        programs, threads, wanted = self.programs, self._compile_threads, self.start_programs
-        self.load_stored_programs()
-        log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s", programs.counts["loaded"],
-                 len(wanted), self._load_seconds)
-        missing = [k for k in wanted if programs.get(k) is None]
-        if missing:
-            self.pools = self.snapshots = None
-            seconds = programs.compile_missing(missing, threads, "compiling programs")
-            log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
-        if self.pools is None:  # released for the compiles (or by `release`, before another process stored them)
+    def ensure_pools(self) -> None:
+        """Allocate the pools, zeroed, unless they are."""
+        if self.pools is None:
+            start = time.perf_counter()
             self.pools = self.placement.allocate_pools(self.store)
             self.snapshots = self.placement.allocate_snapshots(self.store)
-        self._prepared = True
+            log.info("start-up: cache pools allocated in %.1f s", time.perf_counter() - start)
+
+    def release(self) -> None:
+        """Free the pools (their device memory goes back at once; `ensure_pools` allocates them again)."""
+        self.pools = self.snapshots = None
+
+    def lower_start_programs(self, until: Callable[[], bool] | None = None) -> None:
+        """Trace and lower the programs start needs that are not built, from their shapes alone, until ``until()``
+        (the weights are in: `prepare_programs` traces the rest itself). This may run while the weights load;
+        XLA's compiles wait for `prepare_programs`."""
+        missing = [k for k in self.start_programs if self.programs.get(k) is None]
+        if missing:
+            count, seconds = self.programs.lower(missing, until)
+            log.info("start-up: %d of %d programs traced and lowered in %.1f s (compiled once the weights are in "
+                     "place)", count, len(missing), seconds)
+
+    def prepare_programs(self) -> None:
+        """Load or compile the programs start needs, then allocate the pools. Over an abstract model call this
+        only when the store held every one (`load_stored_programs`): XLA's compiles wait for the weights (see
+        `warmup`)."""
+        if not self._prepared:
+            programs, threads, wanted = self.programs, self._compile_threads, self.start_programs
+            self.load_stored_programs()
+            log.info("start-up: %d of %d programs loaded from the executable cache in %.1f s",
+                     programs.counts["loaded"], len(wanted), self._load_seconds)
+            missing = [k for k in wanted if programs.get(k) is None]
+            if missing:
+                self.release()
+                seconds = programs.compile_missing(missing, threads, "compiling programs")
+                log.info("start-up: %d programs compiled in %.1f s, %d at a time", len(missing), seconds, threads)
+            self._prepared = True
+        self.ensure_pools()
 
     def warmup(self) -> None:
         """Build the programs start needs (every one, or only the essential ones with ``background_compile``):

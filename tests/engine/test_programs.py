@@ -187,8 +187,9 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
 
 def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
     """An engine over the model's shapes traces and lowers its programs (as a cold start does while the weights
-    load); given the loaded model it compiles those lowerings and serves the plain engine's tokens. One released
-    while its programs were missing starts too when they turn up built (another process stored them)."""
+    load), until the weights are in; given the loaded model it compiles those lowerings, allocates its pools and
+    serves the plain engine's tokens. One whose programs turn up built (another process stored them) starts too,
+    and so does one started without a warm-up (its programs compile on first use)."""
     from hybrid_jax.weights import abstract_model
 
     options = EngineConfig(max_batch=2, max_model_len=128, page_size=16, prefill_chunk=32, decode_steps=2,
@@ -201,9 +202,11 @@ def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
     finally:
         plain.shutdown()
     engine = Engine(abstract_model(model.config, model.dtype), options)
-    engine.release()  # the pools wait for the compiles
-    engine.lower_start_programs()
+    assert engine.pools is None  # they wait for the compiles
+    engine.lower_start_programs(until=lambda: True)  # the weights are in: nothing is lowered
     programs = engine.programs
+    assert not programs.lowered
+    engine.lower_start_programs()
     assert set(programs.lowered) == set(programs.specs) and not programs.compiled
     with pytest.raises(RuntimeError, match="attach"):
         engine.start()
@@ -217,7 +220,6 @@ def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
     finally:
         engine.shutdown()
     late = Engine(abstract_model(model.config, model.dtype), options)
-    late.release()
     late.programs.compiled.update(programs.compiled)
     late.attach(model)
     late.start()
@@ -225,6 +227,15 @@ def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):
         assert [e.token_id for e in late.submit(prompt, params) if e.token_id is not None] == want
     finally:
         late.shutdown()
+    lazy = Engine(abstract_model(model.config, model.dtype), options)  # its programs compile on first use
+    lazy.lower_start_programs()
+    lazy.attach(model)
+    lazy.start(warmup=False)
+    try:
+        assert lazy.pools is not None
+        assert [e.token_id for e in lazy.submit(prompt, params) if e.token_id is not None] == want
+    finally:
+        lazy.shutdown()
 
 
 def test_prefill_has_no_branch_for_the_host_to_wait_on(model):
