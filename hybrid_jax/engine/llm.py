@@ -62,13 +62,15 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
     ``executable_dir``: where the random weights' program is kept across runs."""
     if model is not None and Path(model).is_dir():
         config = Qwen35Config.from_pretrained(model)
-        abstract = abstract_model(config, jnp.dtype(dtype))
-        return ModelSource(abstract, lambda: load_pretrained(model, dtype), load_tokenizer(model), Path(model).name)
+        tokenizer = load_tokenizer(model)
+        return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: load_pretrained(model, dtype), tokenizer,
+                           Path(model).name)
     preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
     config = preset(preset_name)
+    tokenizer = load_tokenizer()
     load = lambda: stored_random_model(config, dtype, seed, executable_dir)
-    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load,
-                       load_tokenizer(), DEFAULT_MODEL_NAME if model is None else f"random-{model}")
+    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load, tokenizer,
+                       DEFAULT_MODEL_NAME if model is None else f"random-{model}")
 
 
 def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
@@ -95,12 +97,16 @@ class LLM:
         """``compilation_cache_dir``: keep compiled programs there across runs: the engine's serialized
         executables (`programs.ExecutableStore`) and, except on the CPU, JAX's compilation cache
         (`enable_compilation_cache`; XLA:CPU cannot serialize again an executable that cache returned)."""
-        if compilation_cache_dir and jax.devices()[0].platform != "cpu":
-            enable_compilation_cache(compilation_cache_dir)
         start = time.perf_counter()
         executables = executable_dir(compilation_cache_dir) if compilation_cache_dir else None
-        source = model_source(model, dtype, seed, executables)
-        log.info("start-up: model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
+        # The devices' start (CUDA's: ~0.5 s, outside the GIL) beside the tokenizer's parse (holding it).
+        with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-devices") as pool:
+            devices = pool.submit(jax.devices)
+            source = model_source(model, dtype, seed, executables)
+            platform = devices.result()[0].platform
+        if compilation_cache_dir and platform != "cpu":
+            enable_compilation_cache(compilation_cache_dir)
+        log.info("start-up: devices, model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
         self.tokenizer, self.model_name = source.tokenizer, source.name
         self.config: Qwen35Config = source.abstract.config
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
