@@ -52,8 +52,8 @@ class Runner:
         """``model`` may be abstract (shape-only parameters): while its weights load, its stored programs can be
         loaded (`load_stored_programs`, then `prepare_programs` allocates the pools) or the missing ones traced
         and lowered (`lower_start_programs`); `attach` gives it the loaded model before `warmup`. Its pools are
-        allocated by `prepare_programs` (a loaded model's at once). ``grammars``: requests may have one (their
-        programs are built)."""
+        allocated by `prepare_programs` (a loaded model's at once: its steps may run without a start).
+        ``grammars``: requests may have one (their programs are built)."""
         self.model, self.config, self.grammars = model, config, grammars
         self.valid_vocab = valid_vocab or model.config.vocab_size
         # The steps take the weights as one flat tuple of arrays: jit flattens a tuple in C++, an nnx.State
