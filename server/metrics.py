@@ -46,6 +46,9 @@ class _EngineCollector:
                            get("slots_total"))
         yield self._family(gauge, "hybrid_jax:programs_pending", "Programs still compiling in the background.",
                            get("programs_pending"))
+        yield self._family(gauge, "hybrid_jax:programs_first_runs_pending",
+                           "Programs built in the background not yet run once (a first run costs more on a GPU; the "
+                           "engine runs each while it idles).", get("programs_first_runs_pending"))
         yield self._family(counter, "vllm:prompt_tokens", "Prefilled prompt tokens.", get("prompt_tokens"))
         yield self._family(counter, "vllm:generation_tokens", "Generated tokens.", get("generation_tokens"))
         yield self._family(counter, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",

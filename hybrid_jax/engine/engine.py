@@ -180,7 +180,7 @@ class Engine:
 
     def stats(self) -> dict:
         return {**self.scheduler.stats(), "programs_pending": self.runner.programs.pending,
-                **self.scheduler.counters}
+                "programs_first_runs_pending": self.runner.first_runs_pending(), **self.scheduler.counters}
 
     def warmup(self) -> None:
         """Build and run once every program start needs (see `Runner.warmup`)."""
@@ -262,7 +262,7 @@ class Engine:
     def _can_run_first(self) -> bool:
         """Whether the engine idles with a program built in the background that has not run yet: its first run
         (`Runner.run_once`) goes now, one program per turn of the loop, so an arrival waits for one at most."""
-        return self.scheduler.idle and self._inflight is None and self.runner.first_runs_pending()
+        return self.scheduler.idle and self._inflight is None and self.runner.first_runs_pending() > 0
 
     def _can_score(self) -> bool:
         """Whether the first request waiting for its prompt logprobs can be scored now (its program is built)."""

@@ -273,9 +273,11 @@ class Runner:
             return None
         return next((k for k in tuple(self.programs.compiled) if k not in self.ran_once and not self.runs[k]), None)
 
-    def first_runs_pending(self) -> bool:
-        """Whether a program built in the background waits for its first run."""
-        return self._first_pending() is not None
+    def first_runs_pending(self) -> int:
+        """How many programs built in the background wait for their first run (0 where first runs cost nothing)."""
+        if not (self.first_runs and self._warm):
+            return 0
+        return sum(k not in self.ran_once and not self.runs[k] for k in tuple(self.programs.compiled))
 
     def run_first_pending(self) -> None:
         """Run once (`run_once`) a program built in the background that nothing has run yet, and wait for it. The

@@ -174,9 +174,10 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
         assert serve(background)[0] == want
         assert background.programs.wait(600) and background.programs.pending == 0
         runner, deadline = background.runner, time.monotonic() + 120
-        while runner.first_runs_pending() and time.monotonic() < deadline:
+        while background.stats()["programs_first_runs_pending"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert all(key in runner.ran_once or runner.runs[key] for key in background.programs.specs)
+        assert runner.first_runs_pending() == 0
         ran_idle = runner.ran_once - set(runner.start_programs)  # the warm-up ran those
         assert {k[0] for k in ran_idle} >= {"prefill", "decode"}
         tokens, handles = serve(background)

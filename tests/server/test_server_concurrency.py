@@ -83,3 +83,4 @@ def test_metrics_after_traffic(server):
     assert reasons.get("length", 0) > 0 and reasons.get("abort", 0) > 0
     totals = {s.name: s.value for f in families.values() for s in f.samples}
     assert totals["hybrid_jax:kv_pages_total"] > 0 and totals["hybrid_jax:state_slots_total"] == server.max_batch
+    assert totals["hybrid_jax:programs_first_runs_pending"] == 0  # the CPU makes no first runs
