@@ -267,24 +267,24 @@ class Runner:
             *_, self.pools, self.snapshots = compiled(self.weights, self.pools, self.snapshots, args[3], ids)
         self.ran_once.add(key)
 
-    def _first_pending(self) -> tuple | None:
-        """A program built after the warm-up that nothing has run yet (None: none, or first runs cost nothing)."""
+    def _unrun(self) -> list[tuple]:
+        """The programs built after the warm-up that nothing has run yet, in build order (none where first runs
+        cost nothing)."""
         if not (self.first_runs and self._warm):
-            return None
-        return next((k for k in tuple(self.programs.compiled) if k not in self.ran_once and not self.runs[k]), None)
+            return []
+        return [k for k in tuple(self.programs.compiled) if k not in self.ran_once and not self.runs[k]]
 
     def first_runs_pending(self) -> int:
-        """How many programs built in the background wait for their first run (0 where first runs cost nothing)."""
-        if not (self.first_runs and self._warm):
-            return 0
-        return sum(k not in self.ran_once and not self.runs[k] for k in tuple(self.programs.compiled))
+        """How many programs built in the background wait for their first run."""
+        return len(self._unrun())
 
     def run_first_pending(self) -> None:
         """Run once (`run_once`) a program built in the background that nothing has run yet, and wait for it. The
         engine calls this while it idles, so no request pays a program's first run."""
-        key = self._first_pending()
-        if key is None:
+        unrun = self._unrun()
+        if not unrun:
             return
+        key = unrun[0]
         try:
             self.run_once(key)
             jax.block_until_ready((self.pools, self.snapshots))  # one at a time on the device too
