@@ -235,12 +235,21 @@ def _state_kernel(cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, *refs, group: i
         state_view = state_ref.at[slot_ref[s], h, :, pl.ds(vb * block_v, block_v)]  # [dk, bv] fp32
         num_chunks = _div(end - start + CHUNK - 1, CHUNK)
 
-        def chunk_step(c, state):  # state [dk, bv] fp32
+        def store_snapshot(snap, state):  # masked, not a branch: the loop body stays one block for the pipeliner
+            plgpu.store(snap_ref.at[snap, h, :, pl.ds(vb * block_v, block_v)], state,
+                        mask=jnp.broadcast_to(snap > 0, state.shape))
+
+        def chunk_step(c, carry):  # state [dk, bv] fp32, the state after chunk c - 1; snap: that chunk's id
+            state, snap = carry
             first = start + c * CHUNK
             ok = first + r < end  # [C]
             rows = jnp.minimum(first + r, num_tokens - 1)[:, None]  # [C, 1], in bounds; past the end: other tokens'
             s_op = state.astype(dtype)
             h_ref[first_slot + c, h, :, pl.ds(vb * block_v, block_v)] = s_op.astype(h_ref.dtype)
+            if snapshots:  # beside the chunk-start store, with its id loaded an iteration ahead (faster than a
+                # store after the update: BENCHMARKS, prefix caching)
+                store_snapshot(snap, state)
+                snap = snap_ids_ref[s, c]
             v_new = u_ref[rows, h, cols_v].astype(F32) - _dot(w_ref[rows, h, cols_k], s_op)  # [C, bv]
             _store_rows(vnew_ref, rows[:, 0], ok, h, cols_v, v_new)
             gc = jnp.where(ok, gc_ref[rows[:, 0], h], 0.0)  # [C]
@@ -248,14 +257,12 @@ def _state_kernel(cu_ref, slot_ref, k_ref, w_ref, u_ref, gc_ref, *refs, group: i
             # (K * exp(gc_last - gc))^T V' with the decay on V' (the smaller tile); rows past the end add nothing.
             v_decayed = jnp.where(ok[:, None], v_new * jnp.exp(gc_last - gc)[:, None], 0.0).astype(dtype)
             state = state * jnp.exp(gc_last) + _dot(k_ref[rows, hk, cols_k], v_decayed, (0, 0))
-            if snapshots:  # a masked store, not a branch: the loop body stays one block for the pipeliner
-                snap = snap_ids_ref[s, c]
-                plgpu.store(snap_ref.at[snap, h, :, pl.ds(vb * block_v, block_v)], state,
-                            mask=jnp.broadcast_to(snap > 0, state.shape))
+            return state, snap
 
-            return state
-
-        state_view[...] = lax.fori_loop(0, num_chunks, chunk_step, state_view[...])
+        final, snap = lax.fori_loop(0, num_chunks, chunk_step, (state_view[...], jnp.int32(0)))
+        state_view[...] = final
+        if snapshots:  # the state after the last chunk
+            store_snapshot(snap, final)
 
 
 def _output_kernel(cu_ref, q_ref, k_ref, vnew_ref, gc_ref, h_ref, o_ref, *, group: int, block_v: int,
