@@ -16,13 +16,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from hybrid_jax.caches.base import Cache
-from hybrid_jax.caches.pools import KV_PAGES, STATE, WHOLE
+from hybrid_jax.caches.pools import KV_PAGES, STATE, WHOLE, gdn_ordinals
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.layers.projections import FewRowProjections, ShardedProjections
 from hybrid_jax.sharding import TP, expand_kv_heads, linear_splits
 from pallas_kernels.gdn_chunk import gdn_chunk
 from pallas_kernels.gdn_decode import gdn_decode, gdn_decode_fused
-from pallas_kernels.gdn_decode.reference import ring_of_window, store_snapshots
+from pallas_kernels.gdn_decode.reference import ring_of_window, store_rings
 from pallas_kernels.gemv import padded_rows
 from pallas_kernels.math.gdn import conv_ring_columns
 from pallas_kernels.math.rope import rope_cos_sin
@@ -150,20 +150,24 @@ def snapshot_entries(snapshot_ids, cu_seqlens):
 
 class PrefillCache(_Paged):
     """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot. With
-    ``snapshots`` (the snapshot pool's layers), a sequence whose ``restore_ids`` [S] is > 0 starts from that
-    snapshot's GDN state (its first chunk after a prefix cache hit), and with ``snapshot_ids`` [S, ceil(T / 64)]
-    (see `snapshot_entries`) each GDN layer also writes its conv ring and recurrent state at those boundaries
-    into ``updated_snapshots``."""
+    ``snapshots`` (the snapshot pool's {"layers", "conv"}), a sequence whose ``restore_ids`` [S] is > 0 starts from
+    that snapshot's GDN state (its first chunk after a prefix cache hit), and with ``snapshot_ids`` [S, ceil(T /
+    64)] (see `snapshot_entries`) each GDN layer also writes its recurrent state at those boundaries, and their
+    conv rings, all layers' in one scatter, go to `updated_snapshots`."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, seq_index, valid, cu_seqlens, slot_ids,
-                 page_tables, context_lens, is_first, snapshots: list[dict] | None = None, snapshot_ids=None,
+                 page_tables, context_lens, is_first, snapshots: dict | None = None, snapshot_ids=None,
                  restore_ids=None):
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, seq_index, positions, valid, page_size))
         self.seq_index, self.cu_seqlens = seq_index, cu_seqlens
         self.context_lens, self.is_first = context_lens, is_first
         self.snapshots, self.snapshot_ids, self.restore_ids = snapshots, snapshot_ids, restore_ids
-        self.updated_snapshots = None if snapshots is None else list(snapshots)
+        if snapshots is not None:
+            self.snapshot_states = list(snapshots["layers"])  # each GDN layer's {"state"}, written
+            self.gdn_rank = gdn_ordinals(snapshots["layers"])
+            self.entries = snapshot_entries(snapshot_ids, cu_seqlens)  # (sequence, tokens, snapshot) [M] each
+            self.ring_columns: dict = {}  # GDN rank -> that layer's raw columns before the boundaries [M, K, C]
 
     def attend(self, q, k_pages, v_pages, scale):
         return self.kernels.prefill_attention(q, k_pages, v_pages, self.page_tables, self.cu_seqlens,
@@ -171,7 +175,11 @@ class PrefillCache(_Paged):
 
     def linear_attention(self, index, gdn, mixed, b, a):
         n, pool = self.real_rows, self.layers[index]
-        snap = self.snapshots[index] if self.snapshots is not None else {}
+        snap = {}
+        if self.snapshots is not None:
+            first = self.gdn_rank[index] * gdn.kernel
+            snap = {"conv": self.snapshots["conv"][:, first: first + gdn.kernel],
+                    "state": self.snapshots["layers"][index]["state"]}
         conv_pool, state_pool = (start_rows(pool[k], self.slot_ids, self.is_first, snap.get(k), self.restore_ids)
                                  for k in ("conv", "state"))
         mixed, b, a = mixed[:n], b[:n], a[:n]
@@ -186,8 +194,8 @@ class PrefillCache(_Paged):
             o, state_pool = self.kernels.gdn_chunk(*args)
         else:
             o, state_pool, snap_state = self.kernels.gdn_chunk_snapshots(*args, self.snapshot_ids, snap["state"])
-            snap_conv = self._conv_snapshots(ext, snap["conv"], new_tokens, gdn.kernel)
-            self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}
+            self.snapshot_states[index] = {"state": snap_state}
+            self.ring_columns[self.gdn_rank[index]] = self._snapshot_columns(ext, new_tokens, gdn.kernel)
         after = conv_ring_columns(self.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
         seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
         new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
@@ -195,17 +203,29 @@ class PrefillCache(_Paged):
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
 
-    def _conv_snapshots(self, ext, snap_conv, new_tokens, kernel: int):
-        """snap_conv [snapshots, K, C] with the conv ring at each snapshot boundary written: the K raw columns
-        before it (from the slot's cached columns where the chunk has fewer), position t at column t mod K.
-        ext: `_packed_conv`'s cached + new columns; new_tokens [S]."""
-        seq, tokens, snapshot = snapshot_entries(self.snapshot_ids, self.cu_seqlens)  # [M] each
+    def _snapshot_columns(self, ext, new_tokens, kernel: int):
+        """The K raw columns before each snapshot boundary of the step [M, K, C] (from the slot's cached columns
+        where the chunk has fewer), in time order. ext: `_packed_conv`'s cached + new columns; new_tokens [S]."""
+        seq, tokens, _ = self.entries
         offsets = tokens[:, None] - kernel + jnp.arange(kernel)[None, :]  # [M, K] within the chunk (may be < 0)
-        positions = (self.context_lens - new_tokens)[seq][:, None] + offsets  # [M, K] in the sequence
-        columns = ext[self._ext_row(seq[:, None], offsets, kernel)].astype(snap_conv.dtype)  # [M, K, C]
-        # One scatter of every entry's K columns, each to its ring position; (snapshot, position) pairs are
-        # distinct, so the writes need no atomics.
-        return snap_conv.at[snapshot[:, None], positions % kernel].set(columns, mode="drop", unique_indices=True)
+        return ext[self._ext_row(seq[:, None], offsets, kernel)]
+
+    def updated_snapshots(self) -> dict:
+        """The snapshot pool's {"layers", "conv"} after the step (once every GDN layer has run): each layer's
+        states, and every layer's rings written by one scatter, position t of a layer's ring at its column t mod
+        K; (snapshot, row) pairs are distinct, so the writes need no atomics."""
+        pool = self.snapshots["conv"]  # [snapshots, L K, C]
+        if not self.ring_columns:
+            return {"layers": self.snapshot_states, "conv": pool}
+        seq, tokens, snapshot = self.entries
+        columns = jnp.stack([self.ring_columns[rank] for rank in range(len(self.gdn_rank))], axis=1)  # [M, L, K, C]
+        kernel = columns.shape[2]
+        new_tokens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]  # [S]
+        positions = (self.context_lens - new_tokens)[seq][:, None] + tokens[:, None] - kernel + jnp.arange(kernel)
+        layers = jnp.arange(columns.shape[1])[None, :, None] * kernel  # [1, L, 1]
+        rows = layers + (positions % kernel)[:, None, :]  # [M, L, K]: each layer's ring, position t at column t mod K
+        conv = pool.at[snapshot[:, None, None], rows].set(columns.astype(pool.dtype), mode="drop", unique_indices=True)
+        return {"layers": self.snapshot_states, "conv": conv}
 
     def _ext_row(self, seq, offset, kernel: int):
         """The row of `_packed_conv`'s ext holding time ``offset`` (may be down to -(K-1): a cached column) of
@@ -241,18 +261,24 @@ class PrefillCache(_Paged):
 
 class DecodeCache(_Paged):
     """One new token for each of B rows (padding rows: slot 0, page 0, context 0); attention and GDN unfused.
-    With ``snapshots`` (the snapshot pool's layers) and ``snapshot_ids`` [B] (0: none), each GDN layer also
-    writes a row's ring and state after its token at its snapshot into ``updated_snapshots``."""
+    With ``snapshots`` (the snapshot pool's {"layers", "conv"}) and ``snapshot_ids`` [B] (0: none), each GDN
+    layer also writes a row's ring and state after its token at its snapshot (`updated_snapshots`)."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, slot_ids, page_tables,
-                 snapshots: list[dict] | None = None, snapshot_ids=None):
+                 snapshots: dict | None = None, snapshot_ids=None):
         real = slot_ids > 0
         super().__init__(layers, kernels, proj, positions.shape[0], slot_ids, page_tables,
                          slot_mapping(page_tables, jnp.arange(positions.shape[0]), positions, real, page_size))
         self.positions = positions  # [B]
         self.context_lens = jnp.where(real, positions + 1, 0)
         self.snapshots, self.snapshot_ids = snapshots, snapshot_ids
-        self.updated_snapshots = None if snapshots is None else list(snapshots)
+        if snapshots is not None:
+            self.snapshot_states, self.snapshot_conv = list(snapshots["layers"]), snapshots["conv"]
+            self.gdn_rank = gdn_ordinals(snapshots["layers"])
+
+    def updated_snapshots(self) -> dict:
+        """The snapshot pool's {"layers", "conv"} after the step."""
+        return {"layers": self.snapshot_states, "conv": self.snapshot_conv}
 
     def attend(self, q, k_pages, v_pages, scale):
         return self.kernels.decode_attention(q, k_pages, v_pages, self.page_tables, self.context_lens, scale=scale)
@@ -271,11 +297,12 @@ class DecodeCache(_Paged):
         if self.snapshots is None:
             o, state_pool = self.kernels.gdn_decode(*args)
         else:
-            snap = self.snapshots[index]
-            o, state_pool, snap_state = self.kernels.gdn_decode_snapshots(*args, self.snapshot_ids, snap["state"])
+            o, state_pool, snap_state = self.kernels.gdn_decode_snapshots(
+                *args, self.snapshot_ids, self.snapshots["layers"][index]["state"])
             raw = jnp.concatenate([cached, mixed[:, None].astype(cached.dtype)], axis=1)  # [B, K, C] as stored
-            snap_conv = store_snapshots(snap["conv"], self.snapshot_ids, ring_of_window(raw, self.positions))
-            self.updated_snapshots[index] = {"conv": snap_conv, "state": snap_state}
+            self.snapshot_conv = store_rings(self.snapshot_conv, self.snapshot_ids, ring_of_window(raw, self.positions),
+                                             self.gdn_rank[index])
+            self.snapshot_states[index] = {"state": snap_state}
         conv_pool = conv_pool.at[self.slot_ids, self.positions % gdn.kernel].set(mixed.astype(conv_pool.dtype))
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
@@ -299,14 +326,15 @@ class FusedDecodeCache(DecodeCache):
 
     def linear_attention(self, index, gdn, mixed, b, a):
         pool = self.layers[index]
-        snapshot = ()
+        snapshot, rank = (), 0
         if self.snapshots is not None:
-            snapshot = (self.snapshot_ids, self.snapshots[index]["conv"], self.snapshots[index]["state"])
+            snapshot = (self.snapshot_ids, self.snapshot_conv, self.snapshots["layers"][index]["state"])
+            rank = self.gdn_rank[index]
         o, conv_pool, state_pool, *snapshot = gdn_decode_fused(  # o [rows, Hv, dv], zero past the B
             mixed, a, b, gdn.conv1d.weight[...], gdn.A_log[...], gdn.dt_bias[...], self.slot_ids, self.positions,
             pool["conv"], pool["state"], *snapshot, num_k_heads=gdn.num_k_heads, head_k_dim=gdn.k_dim,
-            head_v_dim=gdn.v_dim, out_rows=mixed.shape[0])
+            head_v_dim=gdn.v_dim, out_rows=mixed.shape[0], snapshot_layer=rank)
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         if snapshot:
-            self.updated_snapshots[index] = {"conv": snapshot[0], "state": snapshot[1]}
+            self.snapshot_conv, self.snapshot_states[index] = snapshot[0], {"state": snapshot[1]}
         return o

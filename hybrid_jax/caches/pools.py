@@ -5,7 +5,8 @@ state-slot pool per layer, conv ``[num_slots, K, C]`` (model dtype; a ring of th
 position t at column t mod K) and recurrent ``[num_slots, Hv, dk, dv]`` fp32. Page 0 and slot 0 are null:
 padded rows of a fixed-shape batch read and write there. The slots also hold each request's token statistics
 for the sampling penalties and its grammar's next-token bitmask (structured outputs). The prefix cache's
-snapshot pool holds copies of a slot's GDN state and prompt mask (snapshot 0 null too).
+snapshot pool holds copies of a slot's GDN state and prompt mask (snapshot 0 null too), the rings of every
+GDN layer stacked in one array.
 """
 
 from __future__ import annotations
@@ -60,12 +61,22 @@ def pool_specs(config: Qwen35Config, *, num_pages: int, page_size: int, num_slot
 
 
 def snapshot_specs(config: Qwen35Config, *, num_snapshots: int, dtype, vocab: int) -> dict:
-    """The snapshot pool: {"layers": per-layer {"conv", "state"} (GDN layers) or {} (attention), "prompt_mask":
-    [snapshots, V] bool}, each a `PoolSpec` shaped as the slot pool's with ``num_snapshots`` rows."""
+    """The snapshot pool: {"layers": per-layer {"state"} (GDN layers) or {} (attention), "conv": [snapshots,
+    L K, C], every GDN layer's ring (the g-th GDN layer's at rows g K .. g K + K - 1, so that a prefill step
+    writes them all with one scatter), "prompt_mask": [snapshots, V] bool}, each a `PoolSpec` shaped as the slot
+    pool's with ``num_snapshots`` rows."""
     slots = pool_specs(config, num_pages=1, page_size=1, num_slots=num_snapshots, dtype=dtype, vocab=vocab)
-    layers = [{} if t == FULL_ATTENTION else layer for t, layer in zip(config.layer_types, slots["layers"],
-                                                                         strict=True)]
-    return {"layers": layers, "prompt_mask": slots["prompt_mask"]}
+    layers = [{} if t == FULL_ATTENTION else {"state": layer["state"]}
+              for t, layer in zip(config.layer_types, slots["layers"], strict=True)]
+    num_gdn = sum(bool(layer) for layer in layers)
+    conv = PoolSpec((num_snapshots, num_gdn * config.linear_conv_kernel_dim, config.conv_dim), dtype, CONV_RING)
+    return {"layers": layers, "conv": conv, "prompt_mask": slots["prompt_mask"]}
+
+
+def gdn_ordinals(snapshot_layers: list[dict]) -> dict[int, int]:
+    """Layer index -> its rank among the GDN layers (which ring of the snapshot pool's "conv" is its own)."""
+    gdn = [index for index, layer in enumerate(snapshot_layers) if layer]
+    return {index: rank for rank, index in enumerate(gdn)}
 
 
 def is_pool_spec(x) -> bool:

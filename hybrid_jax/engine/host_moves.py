@@ -48,10 +48,11 @@ def write_pages(pools: dict, page_ids: jax.Array, blocks: list[jax.Array]) -> di
 
 
 def read_snapshot(snapshots: dict, snapshot_ids: jax.Array) -> dict:
-    """snapshot_ids [1] i32 -> the snapshot pool's rows there as a few arrays: {"conv": [L, 1, K, C], "state":
+    """snapshot_ids [1] i32 -> the snapshot pool's rows there as a few arrays: {"conv": [1, L K, C], "state":
     [L, 1, Hv, dk, dv] (the L GDN layers'), "prompt_mask": [1, V]}."""
     gdn = [layer for layer in snapshots["layers"] if layer]
-    return {**{k: jnp.stack([layer[k][snapshot_ids] for layer in gdn]) for k in ("conv", "state")},
+    return {"conv": snapshots["conv"][snapshot_ids],
+            "state": jnp.stack([layer["state"][snapshot_ids] for layer in gdn]),
             "prompt_mask": snapshots["prompt_mask"][snapshot_ids]}
 
 
@@ -60,10 +61,10 @@ def write_snapshot(snapshots: dict, snapshot_ids: jax.Array, rows: dict) -> dict
     layers, index = [], 0
     for layer in snapshots["layers"]:
         if layer:
-            layer = {k: layer[k].at[snapshot_ids].set(rows[k][index]) for k in layer}
+            layer = {"state": layer["state"].at[snapshot_ids].set(rows["state"][index])}
             index += 1
         layers.append(layer)
-    return {"layers": layers, "prompt_mask": snapshots["prompt_mask"].at[snapshot_ids].set(rows["prompt_mask"])}
+    return {"layers": layers, **{k: snapshots[k].at[snapshot_ids].set(rows[k]) for k in ("conv", "prompt_mask")}}
 
 
 def stacked(sharding):
@@ -117,13 +118,12 @@ class HostMoves:
                                                 kv_shape.dtype, sharding=block)  # one block's, in host memory
         gdn = next(i for i, layer in enumerate(self.snapshot_shapes["layers"]) if layer)
         num_gdn = sum(bool(layer) for layer in self.snapshot_shapes["layers"])
-        self.device_rows = {**{k: stacked(snapshots["layers"][gdn][k]) for k in ("conv", "state")},
+        self.device_rows = {"conv": snapshots["conv"], "state": stacked(snapshots["layers"][gdn]["state"]),
                             "prompt_mask": snapshots["prompt_mask"]}
         row_shape = lambda s, n, h: jax.ShapeDtypeStruct((*n, 1, *s.shape[1:]), s.dtype, sharding=h)
-        gdn_shapes = self.snapshot_shapes["layers"][gdn]
-        self.row_shapes = {**{k: row_shape(gdn_shapes[k], (num_gdn,), self.device_rows[k]) for k in ("conv", "state")},
-                           "prompt_mask": row_shape(self.snapshot_shapes["prompt_mask"], (),
-                                                    self.device_rows["prompt_mask"])}  # a snapshot's, on the device
+        self.row_shapes = {  # a snapshot's, on the device
+            "state": row_shape(self.snapshot_shapes["layers"][gdn]["state"], (num_gdn,), self.device_rows["state"]),
+            **{k: row_shape(self.snapshot_shapes[k], (), self.device_rows[k]) for k in ("conv", "prompt_mask")}}
         self.host_rows = host(self.device_rows)
         group = [kv_sharding] * GROUP
         self.host_group = [block] * GROUP

@@ -75,8 +75,8 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
                          positions=batch.positions, seq_index=batch.seq_index, valid=batch.valid,
                          cu_seqlens=batch.cu_seqlens, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
                          context_lens=batch.context_lens, is_first=batch.is_first,
-                         snapshots=None if snapshots is None else snapshots["layers"],
-                         snapshot_ids=batch.snapshot_ids, restore_ids=batch.restore_ids)
+                         snapshots=_cache_snapshots(snapshots), snapshot_ids=batch.snapshot_ids,
+                         restore_ids=batch.restore_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [T, D]
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
@@ -89,7 +89,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
         # The snapshots read prompt_mask rows before the scatter below writes it: ordering the two lets XLA
         # update the [slots, V] mask in place rather than copy it.
         masks, prompt_mask = jax.lax.optimization_barrier((masks, prompt_mask))
-        snapshots = {"layers": cache.updated_snapshots, "prompt_mask": masks}
+        snapshots = {**cache.updated_snapshots(), "prompt_mask": masks}
     token_slots = jnp.where(batch.valid, batch.slot_ids[batch.seq_index], 0)
     prompt_mask = prompt_mask.at[token_slots, batch.tokens].set(True)
     sampled = sample(logits, batch.rows, counts[batch.slot_ids], prompt_mask[batch.slot_ids], batch.want_top,
@@ -97,6 +97,11 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
                      grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids], replicated=kernels.replicated)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
     return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
+
+
+def _cache_snapshots(snapshots: dict | None) -> dict | None:
+    """The part of the snapshot pool the caches write: {"layers", "conv"} (None without a pool)."""
+    return None if snapshots is None else {"layers": snapshots["layers"], "conv": snapshots["conv"]}
 
 
 def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
@@ -122,7 +127,7 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
     kind = FusedDecodeCache if fused else DecodeCache
     cache = kind(pools["layers"], kernels, kernels.projections(model, defer_norms=fused), page_size=page_size,
                  positions=batch.positions, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
-                 snapshots=None if snapshots is None else snapshots["layers"], snapshot_ids=snapshot_ids)
+                 snapshots=_cache_snapshots(snapshots), snapshot_ids=snapshot_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [B, D]
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     if snapshots is not None:
@@ -137,7 +142,7 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
         masks = snapshots["prompt_mask"]
         for ids, mask in zip(snapshot_ids[rows], seen, strict=True):  # id 0 (none): the null snapshot's garbage
             masks = jax.lax.dynamic_update_slice(masks, mask[None], (ids, 0))  # in place, one row each
-        snapshots = {"layers": cache.updated_snapshots, "prompt_mask": masks}
+        snapshots = {**cache.updated_snapshots(), "prompt_mask": masks}
     return logits, {**pools, "layers": cache.updated}, snapshots
 
 

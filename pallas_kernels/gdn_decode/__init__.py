@@ -53,13 +53,14 @@ def gdn_decode_fused(
     conv_pool: jax.Array,  # [slots, K, C] raw pre-conv columns, a ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
-    snapshot_conv: jax.Array | None = None,  # [snapshots, K, C] rings
+    snapshot_conv: jax.Array | None = None,  # [snapshots, >= (snapshot_layer + 1) K, C] rings
     snapshot_state: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
     out_rows: int | None = None,
+    snapshot_layer: int = 0,
     impl: Impl = "auto",
     **tuning,
 ) -> tuple[jax.Array, ...]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool[, snapshot_conv, _state]
@@ -67,7 +68,8 @@ def gdn_decode_fused(
     GDN decode step, in place on both pools when the caller donates them. o comes with ``out_rows`` rows (>= B,
     default B), zero past the batch: the padded rows the few-row projections take. With the snapshot ids and
     pools (donated too) a row whose id is > 0 also stores its ring (the K raw columns up to its token) and new
-    state at that snapshot: the state right after the token, as a prefill ending there leaves it."""
+    state at that snapshot: the state right after the token, as a prefill ending there leaves it. The ring goes to
+    the ``snapshot_layer``-th K of the snapshot's conv rows (a pool stacking several layers' rings)."""
     num_v_heads = a.shape[1]
     channels = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     reason = gdn_unsupported(num_k_heads, num_v_heads, head_k_dim, head_v_dim, state_pool)
@@ -83,7 +85,8 @@ def gdn_decode_fused(
     if reason is None and mixed_qkv.dtype not in _DTYPES:
         reason = f"mixed_qkv dtype {mixed_qkv.dtype} not in {_DTYPES}"
     interpret = kernel_mode("gdn_decode", impl, reason)
-    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, out_rows=out_rows)
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim, out_rows=out_rows,
+                 snapshot_layer=snapshot_layer)
     args = (mixed_qkv, a, b, conv_weight, A_log, dt_bias, slot_ids, positions, conv_pool, state_pool)
     if snapshot_state is not None:
         args += (snapshot_ids, snapshot_conv, snapshot_state)

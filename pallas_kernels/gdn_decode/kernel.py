@@ -186,11 +186,13 @@ def _fused_kernel(
     head_k_dim: int,
     block_v: int,
     snapshots: bool,
+    snapshot_ring: int,
 ):
     """Program (row b, value head h, dv block): the conv of its channels, the norms, gates and the state update
     of one [dk, block_v] tile of h; where the row names a snapshot, its tile and its channels' ring columns
-    stored there too. refs: [snapshot ids, snapshot conv and state pools in,] o, conv pool, state pool[,
-    snapshot conv and state pools]; the pools' inputs are the same buffers as their outputs (aliased)."""
+    stored there too (the ring at conv rows ``snapshot_ring`` .. + K - 1 of the snapshot). refs: [snapshot ids,
+    snapshot conv and state pools in,] o, conv pool, state pool[, snapshot conv and state pools]; the pools'
+    inputs are the same buffers as their outputs (aliased)."""
     del conv_in_ref, state_in_ref
     if snapshots:
         snapshot_ref, _, _, o_ref, conv_ref, state_ref, snap_conv_ref, snap_state_ref = refs
@@ -216,12 +218,13 @@ def _fused_kernel(
         x = sum(window[j].astype(F32) * w_ref[j, ch].astype(F32) for j in range(width))
         return x * jax.nn.sigmoid(x)
 
-    def store_ring(ring_ref, row, chs, with_cached: bool):  # the token's raw column (and the K-1 before it)
+    def store_ring(ring_ref, row, chs, with_cached: bool, first: int = 0):
+        """The token's raw column (and the K-1 before it) into ring_ref's row, ring column c at column first + c."""
         for ch in chs:
             if with_cached:
                 for c in cached:
-                    ring_ref[row, c, ch] = conv_ref[slot, c, ch]
-            ring_ref[row, new, ch] = mixed_ref[b, ch].astype(ring_ref.dtype)
+                    ring_ref[row, first + c, ch] = conv_ref[slot, c, ch]
+            ring_ref[row, first + new, ch] = mixed_ref[b, ch].astype(ring_ref.dtype)
 
     @pl.when(slot != 0)
     def _real_row():
@@ -237,8 +240,9 @@ def _fused_kernel(
 
             @pl.when(snapshot_id != 0)
             def _ring_snapshot():
-                store_ring(snap_conv_ref, snapshot_id, [v_ch], True)
-                pl.when(key_head_writer)(lambda: store_ring(snap_conv_ref, snapshot_id, [q_ch, k_ch], True))
+                store_ring(snap_conv_ref, snapshot_id, [v_ch], True, snapshot_ring)
+                pl.when(key_head_writer)(
+                    lambda: store_ring(snap_conv_ref, snapshot_id, [q_ch, k_ch], True, snapshot_ring))
 
         g = -jnp.exp(a_log_ref[h].astype(F32)) * jax.nn.softplus(a_ref[b, h].astype(F32) + dt_bias_ref[h].astype(F32))
         beta = jax.nn.sigmoid(b_ref[b, h].astype(F32))
@@ -256,8 +260,8 @@ def _fused_kernel(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "out_rows", "block_v", "num_warps",
-                              "interpret")
+    jax.jit, static_argnames=("num_k_heads", "head_k_dim", "head_v_dim", "out_rows", "snapshot_layer", "block_v",
+                              "num_warps", "interpret")
 )
 def gdn_decode_fused(
     mixed_qkv: jax.Array,  # [>= B, C]: rows past B (a padded batch) are not read
@@ -271,20 +275,22 @@ def gdn_decode_fused(
     conv_pool: jax.Array,  # [slots, K, C] ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
-    snapshot_conv: jax.Array | None = None,  # [snapshots, K, C] rings
+    snapshot_conv: jax.Array | None = None,  # [snapshots, >= (snapshot_layer + 1) K, C] rings
     snapshot_state: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
     out_rows: int | None = None,
+    snapshot_layer: int = 0,
     block_v: int | None = None,
     num_warps: int | None = None,
     interpret: bool = False,
 ) -> tuple[jax.Array, ...]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool[, snapshot_conv, _state]
     """The GDN decode step from the raw projections, in place on both (donated) pools. o has ``out_rows`` rows
     (>= B; default B), zero past the batch, as the few-row projections downstream take them. With the
-    snapshot ids and pools (donated too) a row's new ring and state are also stored at its snapshot.
+    snapshot ids and pools (donated too) a row's new ring and state are also stored at its snapshot, the ring at
+    the ``snapshot_layer``-th K of its conv rows (a pool stacking several layers' rings).
 
     block_v: dv columns of the state tile a program owns (power of two dividing dv); None: enough programs to
     fill the GPU for this batch (`tiles.FUSED`, whose warps a None ``num_warps`` takes).
@@ -298,7 +304,7 @@ def gdn_decode_fused(
     _check_block_v(block_v, head_v_dim)
     snapshots = snapshot_state is not None
     kernel = functools.partial(_fused_kernel, num_k_heads=num_k_heads, head_k_dim=head_k_dim, block_v=block_v,
-                               snapshots=snapshots)
+                               snapshots=snapshots, snapshot_ring=snapshot_layer * conv_weight.shape[0])
     pools = (conv_pool, state_pool) + ((snapshot_conv, snapshot_state) if snapshots else ())
     extra = (snapshot_ids.astype(jnp.int32), snapshot_conv, snapshot_state) if snapshots else ()
     return pl.pallas_call(

@@ -42,6 +42,15 @@ def store_snapshots(pool: jax.Array, snapshot_ids: jax.Array, rows: jax.Array) -
     return pool.at[jnp.where(snapshot_ids > 0, snapshot_ids, pool.shape[0])].set(rows.astype(pool.dtype), mode="drop")
 
 
+def store_rings(pool: jax.Array, snapshot_ids: jax.Array, rings: jax.Array, layer: int) -> jax.Array:
+    """pool [snapshots, L K, C] (L layers' rings) with rings [B, K, C] stored as the ``layer``-th ring of
+    snapshot_ids [B] where > 0 (the others dropped)."""
+    width = rings.shape[1]
+    rows = jnp.where(snapshot_ids > 0, snapshot_ids, pool.shape[0])[:, None]  # [B, 1]
+    columns = layer * width + jnp.arange(width)[None, :]  # [1, K]
+    return pool.at[rows, columns].set(rings.astype(pool.dtype), mode="drop")
+
+
 def decode_gates(
     a: jax.Array,  # [B, Hv] raw decay projection
     b: jax.Array,  # [B, Hv] raw beta projection
@@ -72,18 +81,20 @@ def gdn_decode_fused(
     conv_pool: jax.Array,  # [slots, K, C] raw pre-conv columns, a ring: position t at column t mod K
     state_pool: jax.Array,  # [slots, Hv, dk, dv] fp32
     snapshot_ids: jax.Array | None = None,  # [B] int32 (0: none)
-    snapshot_conv: jax.Array | None = None,  # [snapshots, K, C] rings
+    snapshot_conv: jax.Array | None = None,  # [snapshots, >= (snapshot_layer + 1) K, C] rings
     snapshot_state: jax.Array | None = None,  # [snapshots, Hv, dk, dv] fp32
     *,
     num_k_heads: int,
     head_k_dim: int,
     head_v_dim: int,
     out_rows: int | None = None,
+    snapshot_layer: int = 0,
 ) -> tuple[jax.Array, ...]:  # o [out_rows or B, Hv, dv] fp32, conv_pool, state_pool[, snapshot_conv, _state]
     """The GDN layer's decode step from the raw projections: depthwise conv + SiLU over the ring's K-1 columns
     before the token and its own, the token's column into the ring, L2 norm and q scaling, gates, and the state
     update (as `GatedDeltaNet.project` + `gated_delta_step`). o: zero rows after the B up to ``out_rows``. With
-    the snapshot pools a row's ring (its K columns up to the token) and new state also go to its snapshot."""
+    the snapshot pools a row's ring (its K columns up to the token) and new state also go to its snapshot, the
+    ring at the ``snapshot_layer``-th K of its conv rows."""
     batch, width = slot_ids.shape[0], conv_weight.shape[0]
     mixed_qkv, a, b = mixed_qkv[:batch], a[:batch], b[:batch]
     key_dim = num_k_heads * head_k_dim
@@ -99,7 +110,7 @@ def gdn_decode_fused(
     o = jnp.pad(o, ((0, output_rows(out_rows, batch) - batch), (0, 0), (0, 0)))
     if snapshot_state is None:
         return o, conv_pool, *states
-    snapshot_conv = store_snapshots(snapshot_conv, snapshot_ids, ring_of_window(window, positions))
+    snapshot_conv = store_rings(snapshot_conv, snapshot_ids, ring_of_window(window, positions), snapshot_layer)
     return o, conv_pool, states[0], snapshot_conv, states[1]
 
 

@@ -256,6 +256,25 @@ def test_fused_snapshots(impl, seed, num_k_heads, num_v_heads, dk, dv, dtype, tu
     _check_snapshots(step, extra[0], [snap_conv, snap_state], extra[1:], [conv, state])
 
 
+@pytest.mark.parametrize("impl", [*IMPLS, "reference"])
+def test_fused_snapshot_ring_of_a_stacked_pool(impl):
+    """With a snapshot conv pool stacking three layers' rings [snapshots, 3 K, C], snapshot_layer=1 writes the
+    named snapshots' middle K rows, as the one-layer pool's would be written, and nothing else."""
+    step = Step(3, 4, 3, 2, 4, 16, 32, jnp.bfloat16)
+    args = step.fused_args()
+    ids, conv, state = _snapshot_args(step, args[-2])
+    width = conv.shape[1]
+    stacked = jnp.asarray(step.normal(conv.shape[0], 3 * width, conv.shape[2]), conv.dtype)
+    _, _, _, want_conv, want_state = gd.gdn_decode_fused(*args, ids, conv, state, **step.head_kwargs(), impl=impl)
+    *_, got_conv, got_state = gd.gdn_decode_fused(*args, ids, stacked, state, **step.head_kwargs(), impl=impl,
+                                                  snapshot_layer=1)
+    want = np.asarray(stacked, np.float32)
+    named = np.asarray(ids)[np.asarray(ids) > 0]
+    want[named, width: 2 * width] = np.asarray(want_conv, np.float32)[named]
+    np.testing.assert_array_equal(np.asarray(got_conv, np.float32), want)
+    np.testing.assert_array_equal(np.asarray(got_state), np.asarray(want_state))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_fused_kernel_ignores_projection_rows_past_the_batch(impl):
     """The engine hands over its projections padded to the few-row kernel's rows: those past the batch (random

@@ -29,7 +29,7 @@ H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind="NV
                                                                     platform="cuda"))
 C = preset("9b")
 BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
-ROWS, B, T, SEQS, SLOTS, PAGES, PAGE = 16, 1, 64, 2, 4, 64, 16
+ROWS, B, T, SEQS, SLOTS, PAGES, PAGE, SNAPSHOTS = 16, 1, 64, 2, 4, 64, 16, 5
 HK, HV, DK, DV = C.linear_num_key_heads, C.linear_num_value_heads, C.linear_key_head_dim, C.linear_value_head_dim
 HQ, HKV, HD = C.num_attention_heads, C.num_key_value_heads, C.head_dim
 D, I, K = C.hidden_size, C.intermediate_size, C.linear_conv_kernel_dim
@@ -59,8 +59,18 @@ CASES = {
         functools.partial(gdn_decode_fused, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, out_rows=ROWS),
         (s(ROWS, C.conv_dim), s(ROWS, HV), s(ROWS, HV), s(K, C.conv_dim), s(HV, dtype=F32), s(HV), s(B, dtype=I32),
          s(B, dtype=I32), s(SLOTS, K, C.conv_dim), s(SLOTS, HV, DK, DV, dtype=F32))),
+    "gdn_decode_fused_snapshots": (  # the third layer's ring of a snapshot pool stacking three
+        functools.partial(gdn_decode_fused, num_k_heads=HK, head_k_dim=DK, head_v_dim=DV, out_rows=ROWS,
+                          snapshot_layer=2),
+        (s(ROWS, C.conv_dim), s(ROWS, HV), s(ROWS, HV), s(K, C.conv_dim), s(HV, dtype=F32), s(HV), s(B, dtype=I32),
+         s(B, dtype=I32), s(SLOTS, K, C.conv_dim), s(SLOTS, HV, DK, DV, dtype=F32), s(B, dtype=I32),
+         s(SNAPSHOTS, 3 * K, C.conv_dim), s(SNAPSHOTS, HV, DK, DV, dtype=F32))),
     "gdn_chunk": (gdn_chunk, (s(T, HK, DK), s(T, HK, DK), s(T, HV, DV), s(T, HV, dtype=F32), s(T, HV, dtype=F32),
                               s(SEQS + 1, dtype=I32), s(SEQS, dtype=I32), s(SLOTS, HV, DK, DV, dtype=F32))),
+    "gdn_chunk_snapshots": (gdn_chunk, (s(T, HK, DK), s(T, HK, DK), s(T, HV, DV), s(T, HV, dtype=F32),
+                                        s(T, HV, dtype=F32), s(SEQS + 1, dtype=I32), s(SEQS, dtype=I32),
+                                        s(SLOTS, HV, DK, DV, dtype=F32), s(SEQS, T // 64, dtype=I32),
+                                        s(SNAPSHOTS, HV, DK, DV, dtype=F32))),
     "paged_decode_attention": (
         lambda q, k, v, tables, lens, gate: paged_decode_attention(q, k, v, tables, lens, scale=HD**-0.5, gate=gate,
                                                                    out_rows=ROWS),
