@@ -195,7 +195,7 @@ class PrefillCache(_Paged):
         else:
             o, state_pool, snap_state = self.kernels.gdn_chunk_snapshots(*args, self.snapshot_ids, snap["state"])
             self.snapshot_states[index] = {"state": snap_state}
-            self.ring_columns[self.gdn_rank[index]] = self._snapshot_columns(ext, new_tokens, gdn.kernel)
+            self.ring_columns[self.gdn_rank[index]] = self._snapshot_columns(ext, gdn.kernel)
         after = conv_ring_columns(self.context_lens, gdn.kernel)  # [S, K-1]: where the last K-1 columns go
         seqs = jnp.arange(new_tokens.shape[0])[:, None]  # [S, 1]
         new_ring = ring.at[seqs, after].set(new_conv.astype(ring.dtype))
@@ -203,12 +203,14 @@ class PrefillCache(_Paged):
         self.updated[index] = {"conv": conv_pool, "state": state_pool}
         return _pad_rows(o, self.rows)
 
-    def _snapshot_columns(self, ext, new_tokens, kernel: int):
+    def _snapshot_columns(self, ext, kernel: int):
         """The K raw columns before each snapshot boundary of the step [M, K, C] (from the slot's cached columns
-        where the chunk has fewer), in time order. ext: `_packed_conv`'s cached + new columns; new_tokens [S]."""
+        where the chunk has fewer), in time order. ext: `_packed_conv`'s cached + new columns."""
         seq, tokens, _ = self.entries
         offsets = tokens[:, None] - kernel + jnp.arange(kernel)[None, :]  # [M, K] within the chunk (may be < 0)
-        return ext[self._ext_row(seq[:, None], offsets, kernel)]
+        # Gathered now, into a buffer of their own: fused into the step's last scatter instead, the gather would
+        # keep every layer's ext ([T, C] each) alive until then.
+        return jax.lax.optimization_barrier(ext[self._ext_row(seq[:, None], offsets, kernel)])
 
     def updated_snapshots(self) -> dict:
         """The snapshot pool's {"layers", "conv"} after the step (once every GDN layer has run): each layer's
