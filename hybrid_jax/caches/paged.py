@@ -150,10 +150,10 @@ def snapshot_entries(snapshot_ids, cu_seqlens):
 
 class PrefillCache(_Paged):
     """T packed tokens of up to S sequences; each sequence's first chunk (``is_first``) resets its slot. With
-    ``snapshots`` (the snapshot pool's {"layers", "conv"}), a sequence whose ``restore_ids`` [S] is > 0 starts from
-    that snapshot's GDN state (its first chunk after a prefix cache hit), and with ``snapshot_ids`` [S, ceil(T /
-    64)] (see `snapshot_entries`) each GDN layer also writes its recurrent state at those boundaries, and their
-    conv rings, all layers' in one scatter, go to `updated_snapshots`."""
+    ``snapshots`` (the snapshot pool: its "layers" and "conv" are read), a sequence whose ``restore_ids`` [S] is
+    > 0 starts from that snapshot's GDN state (its first chunk after a prefix cache hit), and with
+    ``snapshot_ids`` [S, ceil(T / 64)] (see `snapshot_entries`) each GDN layer also writes its recurrent state at
+    those boundaries, and their conv rings, all layers' in one scatter, go to `updated_snapshots`."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, seq_index, valid, cu_seqlens, slot_ids,
                  page_tables, context_lens, is_first, snapshots: dict | None = None, snapshot_ids=None,
@@ -263,8 +263,8 @@ class PrefillCache(_Paged):
 
 class DecodeCache(_Paged):
     """One new token for each of B rows (padding rows: slot 0, page 0, context 0); attention and GDN unfused.
-    With ``snapshots`` (the snapshot pool's {"layers", "conv"}) and ``snapshot_ids`` [B] (0: none), each GDN
-    layer also writes a row's ring and state after its token at its snapshot (`updated_snapshots`)."""
+    With ``snapshots`` (the snapshot pool: its "layers" and "conv" are read) and ``snapshot_ids`` [B] (0: none),
+    each GDN layer also writes a row's ring and state after its token at its snapshot (`updated_snapshots`)."""
 
     def __init__(self, layers, kernels, proj, *, page_size: int, positions, slot_ids, page_tables,
                  snapshots: dict | None = None, snapshot_ids=None):

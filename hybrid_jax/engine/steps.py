@@ -75,8 +75,7 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
                          positions=batch.positions, seq_index=batch.seq_index, valid=batch.valid,
                          cu_seqlens=batch.cu_seqlens, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
                          context_lens=batch.context_lens, is_first=batch.is_first,
-                         snapshots=_cache_snapshots(snapshots), snapshot_ids=batch.snapshot_ids,
-                         restore_ids=batch.restore_ids)
+                         snapshots=snapshots, snapshot_ids=batch.snapshot_ids, restore_ids=batch.restore_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [T, D]
     last = jnp.maximum(batch.cu_seqlens[1:] - 1, 0)  # [S]
     logits, _ = model.logits(model.norm(x[last], model.dtype))  # [S, V]
@@ -97,11 +96,6 @@ def prefill_step(model: Qwen35ForCausalLM, pools: dict, snapshots: dict | None, 
                      grammar_masks=lambda: pools["grammar_mask"][batch.slot_ids], replicated=kernels.replicated)
     counts = counts.at[batch.slot_ids, sampled.tokens].add(batch.is_last.astype(jnp.int32))
     return sampled, {**pools, "layers": cache.updated, "output_counts": counts, "prompt_mask": prompt_mask}, snapshots
-
-
-def _cache_snapshots(snapshots: dict | None) -> dict | None:
-    """The part of the snapshot pool the caches write: {"layers", "conv"} (None without a pool)."""
-    return None if snapshots is None else {"layers": snapshots["layers"], "conv": snapshots["conv"]}
 
 
 def _prompt_mask_snapshots(snapshot_masks, prompt_mask, batch: PrefillBatch):
@@ -127,7 +121,7 @@ def decode_logits(model: Qwen35ForCausalLM, pools: dict, batch: DecodeBatch, *, 
     kind = FusedDecodeCache if fused else DecodeCache
     cache = kind(pools["layers"], kernels, kernels.projections(model, defer_norms=fused), page_size=page_size,
                  positions=batch.positions, slot_ids=batch.slot_ids, page_tables=batch.page_tables,
-                 snapshots=_cache_snapshots(snapshots), snapshot_ids=snapshot_ids)
+                 snapshots=snapshots, snapshot_ids=snapshot_ids)
     x = model.decoder(model.embed_tokens(batch.tokens).astype(F32), batch.positions, cache)  # [B, D]
     logits, _ = model.logits(model.norm(x, model.dtype))  # [B, V]
     if snapshots is not None:
