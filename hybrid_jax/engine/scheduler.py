@@ -227,6 +227,8 @@ class Scheduler:
         r.slot, r.pages, r.blocks, r.snapshot_plan = 0, [], [], []
         r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
+        if self.fills is not None:
+            self.fills.busy()  # the engine's idle time starts now, not at the step's admission
         if r.fill:
             return
         self.counters["requests_finished"] += 1

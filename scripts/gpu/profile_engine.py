@@ -35,7 +35,7 @@ import hybrid_jax
 from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.sampling_params import SamplingParams
-from hybrid_jax.profiling import by_family, device_kernels, largest_differences
+from hybrid_jax.profiling import by_family, device_kernels, kernel_family, largest_differences
 
 
 class StackSampler(threading.Thread):
@@ -96,15 +96,30 @@ def closed_loop(engine: Engine, prompts: list[list[int]], concurrency: int, outp
     return {"output_tok_s": tokens[0] / wall, "tpot_p50_ms": 1e3 * statistics.median(tpot), "wall_s": wall}
 
 
+def settle(engine: Engine, timeout_s: float = 30.0) -> None:
+    """Wait until the engine idles with no fill pending (fills start once it idles), so that a traced loop holds
+    only its own requests' work."""
+    scheduler, deadline = engine.scheduler, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not (scheduler.idle and not (scheduler.fills and scheduler.fills.pending)):
+        time.sleep(0.05)
+    time.sleep(0.2)
+
+
 def traced_loop(engine: Engine, prompts: list[list[int]], concurrency: int) -> dict:
-    """``closed_loop`` under jax.profiler: its wall time, the device's busy time and {kernel family: ms}."""
+    """``closed_loop`` under jax.profiler, after `settle`: its wall time, the device's busy time, {kernel family:
+    ms} and {kernel family: calls}."""
+    settle(engine)
     trace_dir = tempfile.mkdtemp(prefix="hybrid_jax_trace_")
     jax.profiler.start_trace(trace_dir)
     wall = closed_loop(engine, prompts, concurrency, 128)["wall_s"]
     jax.profiler.stop_trace()
     kernels = device_kernels(trace_dir)
+    calls = collections.Counter()
+    for k in kernels:
+        calls[kernel_family(k["name"])] += k["count"]
     return {"wall_s": wall, "device_busy_s": sum(k["us"] for k in kernels) / 1e6,
-            "kernels_ms": {k: us / 1e3 for k, us in by_family(kernels).items()}}
+            "kernels_ms": {k: us / 1e3 for k, us in by_family(kernels).items()},
+            "kernel_calls": dict(calls)}
 
 
 def main() -> None:
@@ -173,9 +188,10 @@ def main() -> None:
     traced = [(label, row["trace"]) for label, row in results.items() if "trace" in row]
     if len(traced) >= 2:
         (a, ta), (b, tb) = traced[:2]
-        print(f"\n{a} - {b} ms  {a} ms  {b} ms  kernel (traced loops)")
+        print(f"\n{a} - {b} ms  {a} ms  {b} ms  {a} calls  {b} calls  kernel (traced loops)")
         for name, ms_a, ms_b in largest_differences(ta["kernels_ms"], tb["kernels_ms"], args.top):
-            print(f"{ms_a - ms_b:9.1f} {ms_a:9.1f} {ms_b:9.1f}  {name[:90]}")
+            calls_a, calls_b = ta["kernel_calls"].get(name, 0), tb["kernel_calls"].get(name, 0)
+            print(f"{ms_a - ms_b:9.1f} {ms_a:9.1f} {ms_b:9.1f} {calls_a:8.0f} {calls_b:8.0f}  {name[:80]}")
 
 
 if __name__ == "__main__":

@@ -380,6 +380,29 @@ def test_a_fill_waits_for_the_engine_to_idle_a_moment():
     assert len(s.fills.pending) == 1 and 29 < s.fills.wait() <= 30 and not s.prefilling
 
 
+def test_a_fill_waits_from_the_moment_the_last_request_finished(monkeypatch):
+    """The engine's idle time counts from its last request's end, not from the admission before its last step: a
+    closed-loop client that resends at once must not find a fill's prefill step ahead of it."""
+    clock = [0.0]
+    monkeypatch.setattr("hybrid_jax.engine.fills.time.monotonic", lambda: clock[0])
+    s = make(stride=4, fill_delay_s=0.05)
+    emit = s.emit
+
+    def slow_emit(*args):  # a step's device work, between its admission and its tokens, outlasts the delay
+        clock[0] += 1.0
+        return emit(*args)
+
+    monkeypatch.setattr(s, "emit", slow_emit)
+    a = request("a", prompt(100), max_tokens=28)
+    s.put(a)
+    s.take_arrivals(block=False)
+    while not a.finished:
+        step(s)
+    assert len(s.fills.pending) == 1 and s.fills.wait() == pytest.approx(0.05)
+    s.admit()
+    assert not s.prefilling and len(s.fills.pending) == 1
+
+
 def test_output_blocks_are_cached_at_the_boundaries_decode_crosses():
     """A decode step crossing a block boundary has a snapshot planned there; once its tokens are out, the blocks up
     to it are cached with it (the request's earlier output snapshot freed unless the stride keeps it), and a
