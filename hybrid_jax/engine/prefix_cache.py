@@ -235,13 +235,15 @@ class PrefixCache:
             self.host.clear()
         return not self.blocks
 
+    # What /metrics reads on a request thread while the engine thread changes the cache: lengths only (every
+    # block covers pages_per_block pages), never an iteration over a dict that may change under it.
     @property
     def evictable_pages(self) -> int:
         """Pages of the blocks no request holds."""
-        return sum(len(self.blocks[i].pages) for i in self.unused)
+        return len(self.unused) * self.pages_per_block
 
     def stats(self) -> dict:
         return {"prefix_blocks": len(self.blocks), "prefix_blocks_unused": len(self.unused),
-                "prefix_pages": sum(len(b.pages) for b in self.blocks.values()),
+                "prefix_pages": len(self.blocks) * self.pages_per_block,
                 "snapshots_used": self.snapshots.num_used, "snapshots_total": self.snapshots.capacity,
                 **(self.host.stats() if self.host is not None else {})}

@@ -449,3 +449,41 @@ def test_a_planned_output_snapshot_whose_tokens_never_come_is_freed():
     planned, _ = s.output_snapshots.plan([r2], [62], 1, 1)
     s.fail_running(RuntimeError("step failed"))
     assert s.prefix.snapshots.num_used == sum(1 for b in s.prefix.blocks.values() if b.snapshot)
+
+
+def test_stats_read_on_another_thread_while_blocks_come_and_go():
+    """/metrics reads the cache's stats on a request thread while the engine thread caches and evicts blocks: the
+    read never fails, and what it reports adds up once the engine thread stops."""
+    import threading
+
+    from hybrid_jax.engine.prefix_cache import ROOT
+
+    pages = BlockAllocator(4 * 2000 + 1)
+    prefix = PrefixCache(BLOCK, 16, pages, BlockAllocator(9), 1)
+    stop, errors = threading.Event(), []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                prefix.stats()
+                _ = prefix.evictable_pages
+            except Exception as e:  # noqa: BLE001 (what the test looks for)
+                errors.append(e)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for round_ in range(5):
+            for i in range(2000):
+                block, _ = prefix.add(ROOT, [round_, i] + [0] * (BLOCK - 2), 0, pages.allocate(4))
+                prefix.release([block])
+            assert prefix.make_room(pages.capacity)
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors, errors[0]
+    block, _ = prefix.add(ROOT, prompt(BLOCK), 0, pages.allocate(4))
+    assert prefix.stats()["prefix_pages"] == 4 and prefix.evictable_pages == 0
+    prefix.release([block])
+    assert prefix.evictable_pages == 4
