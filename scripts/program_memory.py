@@ -37,7 +37,7 @@ def main() -> None:
                           enable_prefix_caching=args.enable_prefix_caching)
     engine = Engine(abstract_model(preset(args.size), jnp.bfloat16), config)
     key = ("prefill", False, tokens) if args.prefill else ("decode", True, args.decode_steps, rows)
-    spec = engine.runner._program_specs()[key]
+    spec = engine.runner.programs.specs[key]
     start = time.perf_counter()
     analysis = spec.fn.lower(*spec.args).compile().memory_analysis()
     row = {"program": spec.name, "size": args.size, "prefix_caching": args.enable_prefix_caching,

@@ -23,7 +23,7 @@ class Fills:
     def __init__(self, block_size: int, delay_s: float = DELAY_S):
         self.block_size, self.delay_s = block_size, delay_s
         self.pending: deque[Request] = deque(maxlen=MAX_PENDING)
-        self._last_busy = 0.0  # when the engine last had a request to wait for or run
+        self._idle_since = 0.0  # when the engine's last request ended (every way to idle goes through an end)
 
     def plan(self, r: Request, cached: Callable[[list[int], str | None], bool]) -> None:
         """Keep a fill of finished ``r``'s tokens up to their last block boundary when its output crossed one that
@@ -34,15 +34,15 @@ class Fills:
             self.pending.append(Request(f"{r.request_id}-fill", tokens[:end], SamplingParams(max_tokens=1), 0,
                                         fill=True, cache_salt=r.cache_salt))
 
-    def busy(self) -> None:
-        """The engine has a request to wait for or run now."""
-        self._last_busy = time.monotonic()
+    def request_ended(self) -> None:
+        """A request (or fill) ended now: should the engine be idle, its idle time starts here."""
+        self._idle_since = time.monotonic()
 
     def wait(self) -> float | None:
         """Seconds until the newest fill may start (None: none is pending)."""
         if not self.pending:
             return None
-        return max(0.0, self._last_busy + self.delay_s - time.monotonic())
+        return max(0.0, self._idle_since + self.delay_s - time.monotonic())
 
     def take(self) -> Request | None:
         """The newest fill, when it may start now."""

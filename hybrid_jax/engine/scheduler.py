@@ -159,9 +159,7 @@ class Scheduler:
         ``fill_delay_s``, the newest fill."""
         while self.waiting and self.slots.num_free and self._admit(self.waiting[0]):
             self.waiting.popleft()
-        if self.fills is not None and not self.idle:
-            self.fills.busy()
-        elif self.fills is not None and self.slots.num_free and (fill := self.fills.take()) is not None \
+        if self.fills is not None and self.idle and self.slots.num_free and (fill := self.fills.take()) is not None \
                 and not self.prefix.cached(fill.prompt_ids, fill.cache_salt):
             self._admit(fill)  # no room: dropped
 
@@ -228,7 +226,7 @@ class Scheduler:
         r.grammar = None
         r.scored.set()  # whatever prompt logprobs it has are final
         if self.fills is not None:
-            self.fills.busy()  # the engine's idle time starts now, not at the step's admission
+            self.fills.request_ended()
         if r.fill:
             return
         self.counters["requests_finished"] += 1

@@ -2,13 +2,14 @@
 their snapshot plans, nothing partial cached, eviction, and exact page / slot / snapshot accounting."""
 
 import random
+import threading
 
 import pytest
 
 from hybrid_jax.engine.cache import BlockAllocator
 from hybrid_jax.engine.config import EngineConfig
 from hybrid_jax.engine.host_tier import HostTier
-from hybrid_jax.engine.prefix_cache import PrefixCache
+from hybrid_jax.engine.prefix_cache import ROOT, PrefixCache
 from hybrid_jax.engine.requests import Request
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.engine.scheduler import Scheduler
@@ -454,10 +455,6 @@ def test_a_planned_output_snapshot_whose_tokens_never_come_is_freed():
 def test_stats_read_on_another_thread_while_blocks_come_and_go():
     """/metrics reads the cache's stats on a request thread while the engine thread caches and evicts blocks: the
     read never fails, and what it reports adds up once the engine thread stops."""
-    import threading
-
-    from hybrid_jax.engine.prefix_cache import ROOT
-
     pages = BlockAllocator(4 * 2000 + 1)
     prefix = PrefixCache(BLOCK, 16, pages, BlockAllocator(9), 1)
     stop, errors = threading.Event(), []
