@@ -241,23 +241,30 @@ class Engine:
         s = self.scheduler
         while not self._stop.is_set():
             s.take_arrivals(block=s.idle and not self._can_score() and not self._can_run_first())
-            s.reap_cancelled()
-            if self._reset_prefix.is_set():
-                self._reset_prefix.clear()
-                s.reset_prefix_cache()
-            self._score()
-            try:
-                s.admit()
-                if s.prefilling:
-                    self._prefill()
-                if s.decoding or self._inflight:
-                    self._decode()
-            except Exception as e:  # a failed step ends its requests, never the server
-                log.exception("engine step failed")
-                self._inflight = self._first = None
-                s.fail_running(e)
+            with s.holding_events():  # handed out once the turn has queued its device work (or ended)
+                self._turn()
             if self._can_run_first():
                 self.runner.run_first_pending()
+
+    def _turn(self) -> None:
+        """One turn of the loop after the arrivals: cancellations, a prefix cache reset, scoring, admission,
+        then the prefill step and the decode call."""
+        s = self.scheduler
+        s.reap_cancelled()
+        if self._reset_prefix.is_set():
+            self._reset_prefix.clear()
+            s.reset_prefix_cache()
+        self._score()
+        try:
+            s.admit()
+            if s.prefilling:
+                self._prefill()
+            if s.decoding or self._inflight:
+                self._decode()
+        except Exception as e:  # a failed step ends its requests, never the server
+            log.exception("engine step failed")
+            self._inflight = self._first = None
+            s.fail_running(e)
 
     def _can_run_first(self) -> bool:
         """Whether the engine idles with a program built in the background that has not run yet: its first run
@@ -328,6 +335,7 @@ class Engine:
         call = s.unchained(greedy, first.requests if first is not None else ())
         if call is not None:
             self._inflight = self.launch_decode(*call, first=first)
+        s.send_held()  # the device has its next call: wake the callers now, not after prefill's tokens are read
         if first is not None:
             s.deliver(first.requests, host_samples(first.sampled, first.requests), first.rows)
 

@@ -39,7 +39,8 @@ import logging
 import queue
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -83,6 +84,7 @@ class Scheduler:
         self.prefix = prefix
         self.fills = Fills(prefix.block_size, fill_delay_s) if prefix is not None else None
         self.output_snapshots = OutputSnapshots(prefix) if prefix is not None else None
+        self._held: list[tuple[queue.SimpleQueue, TokenEvent]] | None = None  # events not handed out yet
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
                          "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_host_hits": 0}
 
@@ -235,7 +237,7 @@ class Scheduler:
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
         if token is None:
-            r.events.put(TokenEvent(None, None, None, reason, time.monotonic()))
+            self._send(r, TokenEvent(None, None, None, reason, time.monotonic()))
 
     def fail_running(self, error: Exception) -> None:
         """End every admitted request with "error" (a step failed)."""
@@ -268,9 +270,36 @@ class Scheduler:
         top = None
         if p.logprobs:
             top = [(int(i), float(v)) for i, v in zip(tops[0][: p.logprobs], tops[1][: p.logprobs], strict=True)]
-        r.events.put(TokenEvent(token, float(logprob), top, reason, time.monotonic()))
+        self._send(r, TokenEvent(token, float(logprob), top, reason, time.monotonic()))
         if reason is not None:
             self.finish(r, token, reason)
+
+    def _send(self, r: Request, event: TokenEvent) -> None:
+        """Hand ``event`` to ``r``'s caller, or keep it while events are held (`holding_events`)."""
+        if self._held is None:
+            r.events.put(event)
+        else:
+            self._held.append((r.events, event))
+
+    @contextmanager
+    def holding_events(self) -> Iterator[None]:
+        """Keep the events sent inside until `send_held` or the end, then hand them out in order. The engine
+        holds a turn's events until it has queued the turn's device work: each event wakes its caller's thread,
+        and those threads would take the GIL from the host work the device is waiting on."""
+        self._held = []
+        try:
+            yield
+        finally:
+            self.send_held()
+            self._held = None
+
+    def send_held(self) -> None:
+        """Hand out the events kept so far (while holding, see `holding_events`)."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        for events, event in held:
+            events.put(event)
 
     def deliver(self, requests: list[Request], sampled: Sampled, rows: list[int] | None = None) -> None:
         """Emit each request's token from its row of ``sampled`` (host arrays; rows 0.. unless ``rows``;

@@ -274,3 +274,22 @@ def test_a_failed_step_ends_every_admitted_request_with_error():
     s.fail_running(RuntimeError("device lost"))
     assert [events(r)[-1].finish_reason for r in (a, b)] == ["error", "error"]
     assert list(s.waiting) == [c] and s.stats()["slots_used"] == 0
+
+
+def test_held_events_reach_the_callers_in_order_once_sent():
+    """While holding, a delivered token and the end it causes stay with the scheduler until `send_held` (the
+    engine sends them once its next call is queued) or the hold's end; outside a hold they go at once."""
+    s = make()
+    a, b = decoding(s, request("a", 16, 3), request("b", 16, 2))
+    assert [e.token_id for e in events(a)] == [7] and [e.token_id for e in events(b)] == [7]
+    with s.holding_events():
+        s.deliver([a, b], samples([8, 9]))
+        assert events(a) == [] and events(b) == []
+        s.send_held()
+        assert [(e.token_id, e.finish_reason) for e in events(b)] == [(9, "length")]
+        assert [(e.token_id, e.finish_reason) for e in events(a)] == [(8, None)]
+        s.deliver([a], samples([10]))
+        assert b.finished and events(a) == []
+    assert [(e.token_id, e.finish_reason) for e in events(a)] == [(10, "length")]
+    c = decoding(s, request("c", 16, 3))[0]
+    assert [e.token_id for e in events(c)] == [7]
