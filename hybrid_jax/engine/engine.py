@@ -241,7 +241,7 @@ class Engine:
         s = self.scheduler
         while not self._stop.is_set():
             s.take_arrivals(block=s.idle and not self._can_score() and not self._can_run_first())
-            with s.holding_events():  # handed out once the turn has queued its device work (or ended)
+            with s.holding_events():  # handed out once the turn's decode call is queued, and at its end
                 self._turn()
             if self._can_run_first():
                 self.runner.run_first_pending()
@@ -328,6 +328,7 @@ class Engine:
         if chain is not None:
             self._inflight = self.launch_decode(*chain, after=previous)
             if self._inflight is not None:
+                s.send_held()  # the device has its next call (the turn's cancellations may have events)
                 self._deliver(previous)
                 return
         if previous is not None:

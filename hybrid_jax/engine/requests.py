@@ -25,7 +25,7 @@ class TokenEvent(NamedTuple):
     logprob: float | None
     top_logprobs: list[tuple[int, float]] | None  # (id, logprob) alternatives when requested
     finish_reason: str | None  # "stop" | "length" | "abort" | "error" on the last event
-    time: float
+    time: float  # time.monotonic() when the engine handed it out
 
 
 class PromptLogprob(NamedTuple):

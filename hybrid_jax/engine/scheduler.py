@@ -286,6 +286,7 @@ class Scheduler:
         """Keep the events sent inside until `send_held` or the end, then hand them out in order. The engine
         holds a turn's events until it has queued the turn's device work: each event wakes its caller's thread,
         and those threads would take the GIL from the host work the device is waiting on."""
+        assert self._held is None, "events are held already"
         self._held = []
         try:
             yield
@@ -294,12 +295,13 @@ class Scheduler:
             self._held = None
 
     def send_held(self) -> None:
-        """Hand out the events kept so far (while holding, see `holding_events`)."""
+        """Hand out the events kept so far (while holding, see `holding_events`), timed now: an event's time is
+        when its caller can have it."""
         if not self._held:
             return
-        held, self._held = self._held, []
+        held, self._held, now = self._held, [], time.monotonic()
         for events, event in held:
-            events.put(event)
+            events.put(event._replace(time=now))
 
     def deliver(self, requests: list[Request], sampled: Sampled, rows: list[int] | None = None) -> None:
         """Emit each request's token from its row of ``sampled`` (host arrays; rows 0.. unless ``rows``;

@@ -293,3 +293,20 @@ def test_held_events_reach_the_callers_in_order_once_sent():
     assert [(e.token_id, e.finish_reason) for e in events(a)] == [(10, "length")]
     c = decoding(s, request("c", 16, 3))[0]
     assert [e.token_id for e in events(c)] == [7]
+
+
+def test_held_events_go_out_in_order_even_when_the_turn_fails():
+    """A token and the final event a cancellation adds after it stay in order, and a hold that ends in an
+    exception still hands out what it held."""
+    s = make()
+    a, b = decoding(s, request("a", 16, 8), request("b", 16, 8))
+    events(a), events(b)
+    with pytest.raises(RuntimeError), s.holding_events():
+        s.deliver([a, b], samples([8, 9]))
+        s.cancel(a)
+        s.reap_cancelled()
+        raise RuntimeError("a step failed")
+    assert [(e.token_id, e.finish_reason) for e in events(a)] == [(8, None), (None, "abort")]
+    assert [(e.token_id, e.finish_reason) for e in events(b)] == [(9, None)]
+    with s.holding_events(), pytest.raises(AssertionError), s.holding_events():
+        pass
