@@ -84,7 +84,7 @@ class Scheduler:
         self.prefix = prefix
         self.fills = Fills(prefix.block_size, fill_delay_s) if prefix is not None else None
         self.output_snapshots = OutputSnapshots(prefix) if prefix is not None else None
-        self._held: list[tuple[queue.SimpleQueue, TokenEvent]] | None = None  # events not handed out yet
+        self._held: list[tuple[queue.SimpleQueue, tuple]] | None = None  # events not handed out yet (no time)
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "requests_finished": 0,
                          "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_host_hits": 0}
 
@@ -237,7 +237,7 @@ class Scheduler:
         if error is not None:
             log.error("request %s failed: %s", r.request_id, error)
         if token is None:
-            self._send(r, TokenEvent(None, None, None, reason, time.monotonic()))
+            self._send(r, None, None, None, reason)
 
     def fail_running(self, error: Exception) -> None:
         """End every admitted request with "error" (a step failed)."""
@@ -270,16 +270,17 @@ class Scheduler:
         top = None
         if p.logprobs:
             top = [(int(i), float(v)) for i, v in zip(tops[0][: p.logprobs], tops[1][: p.logprobs], strict=True)]
-        self._send(r, TokenEvent(token, float(logprob), top, reason, time.monotonic()))
+        self._send(r, token, float(logprob), top, reason)
         if reason is not None:
             self.finish(r, token, reason)
 
-    def _send(self, r: Request, event: TokenEvent) -> None:
-        """Hand ``event`` to ``r``'s caller, or keep it while events are held (`holding_events`)."""
+    def _send(self, r: Request, *fields) -> None:
+        """Hand ``r``'s caller the event of ``fields`` (a TokenEvent's, but its time), or keep them while events
+        are held (`holding_events`)."""
         if self._held is None:
-            r.events.put(event)
+            r.events.put(TokenEvent(*fields, time.monotonic()))
         else:
-            self._held.append((r.events, event))
+            self._held.append((r.events, fields))
 
     @contextmanager
     def holding_events(self) -> Iterator[None]:
@@ -300,8 +301,8 @@ class Scheduler:
         if not self._held:
             return
         held, self._held, now = self._held, [], time.monotonic()
-        for events, event in held:
-            events.put(event._replace(time=now))
+        for events, fields in held:
+            events.put(TokenEvent(*fields, now))
 
     def deliver(self, requests: list[Request], sampled: Sampled, rows: list[int] | None = None) -> None:
         """Emit each request's token from its row of ``sampled`` (host arrays; rows 0.. unless ``rows``;
