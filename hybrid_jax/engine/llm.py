@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
 from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
@@ -49,11 +52,11 @@ class ScoreOutput:
 
 
 class ModelSource(NamedTuple):
-    """What ``LLM(model)`` names: the model's shapes now, its weights when ``load()`` is called."""
+    """What ``LLM(model)`` names: the model's shapes now, its tokenizer and weights when loaded."""
 
     abstract: Qwen35ForCausalLM  # shape-only parameters
     load: Callable[[], Qwen35ForCausalLM]
-    tokenizer: Tokenizer
+    load_tokenizer: Callable[[], Tokenizer]  # a parse of the vocabulary that holds the GIL throughout (~1 s)
     name: str
 
 
@@ -62,15 +65,31 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
     ``executable_dir``: where the random weights' program is kept across runs."""
     if model is not None and Path(model).is_dir():
         config = Qwen35Config.from_pretrained(model)
-        tokenizer = load_tokenizer(model)
-        return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: load_pretrained(model, dtype), tokenizer,
-                           Path(model).name)
+        return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: load_pretrained(model, dtype),
+                           lambda: load_tokenizer(model), Path(model).name)
     preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
     config = preset(preset_name)
-    tokenizer = load_tokenizer()
     load = lambda: stored_random_model(config, dtype, seed, executable_dir)
-    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load, tokenizer,
+    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load, load_tokenizer,
                        DEFAULT_MODEL_NAME if model is None else f"random-{model}")
+
+
+def start_devices(count: int, client_up: threading.Event) -> list[jax.Device]:
+    """The backend's devices, then a first allocation on each of the first ``count`` (the engine's); sets
+    ``client_up`` in between, when the call that holds the GIL no longer needs it.
+
+    Both parts run outside the GIL: the backend's client (CUDA's start, ~0.5 s) and, under JAX's default
+    preallocation, a GPU allocator's reservation of its whole arena at its first allocation (~1 s on an H100 or
+    an H200: BENCHMARKS, "Time to ready"), which would otherwise fall in the weights' first transfer or the
+    pools' zeroing."""
+    try:
+        devices = jax.devices()
+    finally:
+        client_up.set()
+    engine_devices = Mesh(np.asarray(devices[:count]), ("devices",))
+    first = jax.device_put(np.zeros(engine_devices.size, np.uint8), NamedSharding(engine_devices, P("devices")))
+    first.block_until_ready()
+    return devices
 
 
 def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
@@ -99,17 +118,23 @@ class LLM:
         (`enable_compilation_cache`; XLA:CPU cannot serialize again an executable that cache returned)."""
         start = time.perf_counter()
         executables = executable_dir(compilation_cache_dir) if compilation_cache_dir else None
-        # The devices' start (CUDA's: ~0.5 s, outside the GIL) beside the tokenizer's parse (holding it).
+        engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
+        # The devices start beside the model's shapes and then the tokenizer's parse. The parse holds the GIL
+        # throughout, so it begins once the devices' thread has its client and is past its last use of the GIL
+        # before the first allocation (a millisecond's Python, well inside the 5 ms that a thread waiting for the
+        # GIL lets the holder run).
+        client_up = threading.Event()
         with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-devices") as pool:
-            devices = pool.submit(jax.devices)
+            devices = pool.submit(start_devices, engine_config.tensor_parallel_size, client_up)
             source = model_source(model, dtype, seed, executables)
+            client_up.wait()
+            tokenizer = source.load_tokenizer()
             platform = devices.result()[0].platform
         if compilation_cache_dir and platform != "cpu":
             enable_compilation_cache(compilation_cache_dir)
         log.info("start-up: devices, model shapes and tokenizer read in %.1f s", time.perf_counter() - start)
-        self.tokenizer, self.model_name = source.tokenizer, source.name
+        self.tokenizer, self.model_name = tokenizer, source.name
         self.config: Qwen35Config = source.abstract.config
-        engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         valid_vocab = min(self.tokenizer.vocab_size, self.config.vocab_size)
         eos = self.config.eos_token_ids if model is not None and Path(model).is_dir() else self.tokenizer.eos_token_ids
         engine_kw = dict(eos_token_ids=eos, valid_vocab=valid_vocab, think_token_ids=think_token_ids(self.tokenizer),

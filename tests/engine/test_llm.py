@@ -1,6 +1,7 @@
 """The offline API: LLM.generate (text, ids, stop strings, order, prompt logprobs) and LLM.score against the model's
 logits."""
 
+import threading
 from pathlib import Path
 
 import jax
@@ -81,3 +82,33 @@ def test_generate_returns_prompt_logprobs_as_score_has_them(llm):
     assert out.prompt_logprobs[0] is None and all(len(e) in (2, 3) for e in out.prompt_logprobs[1:])
     np.testing.assert_allclose([e[t] for t, e in zip(seq[1:], out.prompt_logprobs[1:], strict=True)],
                                llm.score(prompt_token_ids=[seq])[0].logprobs, atol=2e-4)
+
+
+def test_start_devices_allocates_first_on_the_engines_devices_only(monkeypatch):
+    from hybrid_jax.engine import llm as llm_module
+
+    placed = []
+    device_put = jax.device_put
+    client_up = threading.Event()
+
+    def recording_device_put(x, sharding):
+        assert client_up.is_set()  # the GIL-holding parse may start while this allocates
+        placed.append(sharding.device_set)
+        return device_put(x, sharding)
+
+    monkeypatch.setattr(llm_module.jax, "device_put", recording_device_put)
+    assert llm_module.start_devices(2, client_up) == jax.devices()
+    assert placed == [set(jax.devices()[:2])]
+
+
+def test_start_devices_releases_the_waiting_parse_when_the_backend_fails(monkeypatch):
+    from hybrid_jax.engine import llm as llm_module
+
+    def no_backend():
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(llm_module.jax, "devices", no_backend)
+    client_up = threading.Event()
+    with pytest.raises(RuntimeError, match="no backend"):
+        llm_module.start_devices(1, client_up)
+    assert client_up.is_set()
