@@ -39,6 +39,7 @@ DEFAULT_MODEL_NAME = "hybrid-jax/qwen3.5-tiny-random"
 THINK_START, THINK_END = "<think>", "</think>"
 SCORE_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 SCORE_LOGIT_CHUNK = 256  # positions whose logits are materialised at once when scoring
+ALLOCATION_HEAD_START_S = 0.02  # the devices' thread's lead into its first allocation over the tokenizer's parse
 
 
 @dataclass
@@ -75,20 +76,20 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
 
 
 def start_devices(count: int, client_up: threading.Event) -> list[jax.Device]:
-    """The backend's devices, then a first allocation on each of the first ``count`` (the engine's); sets
-    ``client_up`` in between, when the call that holds the GIL no longer needs it.
+    """The backend's devices, then a first allocation on each of the first ``count`` (the engine's). Both run
+    outside the GIL: the backend's client (CUDA's start: 0.6 s on an H100) and, under JAX's default
+    preallocation, a GPU allocator's reservation of its whole arena at its first allocation (0.7 s on an H100:
+    BENCHMARKS, "Time to ready"), which would otherwise fall in the weights' first transfer or the pools' zeroing.
 
-    Both parts run outside the GIL: the backend's client (CUDA's start, ~0.5 s) and, under JAX's default
-    preallocation, a GPU allocator's reservation of its whole arena at its first allocation (~1 s on an H100 or
-    an H200: BENCHMARKS, "Time to ready"), which would otherwise fall in the weights' first transfer or the
-    pools' zeroing."""
+    ``client_up`` is set between the two, once an empty transfer (which allocates nothing) has run the
+    transfer's Python path: what remains before the allocation is a fraction of a millisecond of Python."""
     try:
         devices = jax.devices()
+        engine_devices = NamedSharding(Mesh(np.asarray(devices[:count]), ("devices",)), P("devices"))
+        jax.device_put(np.zeros(0, np.uint8), engine_devices).block_until_ready()
     finally:
         client_up.set()
-    engine_devices = Mesh(np.asarray(devices[:count]), ("devices",))
-    first = jax.device_put(np.zeros(engine_devices.size, np.uint8), NamedSharding(engine_devices, P("devices")))
-    first.block_until_ready()
+    jax.device_put(np.zeros(engine_devices.num_devices, np.uint8), engine_devices).block_until_ready()
     return devices
 
 
@@ -120,14 +121,14 @@ class LLM:
         executables = executable_dir(compilation_cache_dir) if compilation_cache_dir else None
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         # The devices start beside the model's shapes and then the tokenizer's parse. The parse holds the GIL
-        # throughout, so it begins once the devices' thread has its client and is past its last use of the GIL
-        # before the first allocation (a millisecond's Python, well inside the 5 ms that a thread waiting for the
-        # GIL lets the holder run).
+        # throughout, so it begins once the devices' thread has its client and a head start into the first
+        # allocation, which it then overlaps; a parse begun first would hold that allocation back by its own length.
         client_up = threading.Event()
         with ThreadPoolExecutor(1, thread_name_prefix="hybrid-jax-devices") as pool:
             devices = pool.submit(start_devices, engine_config.tensor_parallel_size, client_up)
             source = model_source(model, dtype, seed, executables)
             client_up.wait()
+            time.sleep(ALLOCATION_HEAD_START_S)
             tokenizer = source.load_tokenizer()
             platform = devices.result()[0].platform
         if compilation_cache_dir and platform != "cpu":

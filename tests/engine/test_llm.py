@@ -87,18 +87,19 @@ def test_generate_returns_prompt_logprobs_as_score_has_them(llm):
 def test_start_devices_allocates_first_on_the_engines_devices_only(monkeypatch):
     from hybrid_jax.engine import llm as llm_module
 
-    placed = []
+    puts = []
     device_put = jax.device_put
     client_up = threading.Event()
 
     def recording_device_put(x, sharding):
-        assert client_up.is_set()  # the GIL-holding parse may start while this allocates
-        placed.append(sharding.device_set)
+        puts.append((x.nbytes, sharding.device_set, client_up.is_set()))
         return device_put(x, sharding)
 
     monkeypatch.setattr(llm_module.jax, "device_put", recording_device_put)
     assert llm_module.start_devices(2, client_up) == jax.devices()
-    assert placed == [set(jax.devices()[:2])]
+    engine_devices = set(jax.devices()[:2])
+    # an empty transfer while the parse waits, then the first allocation, which the parse may overlap
+    assert puts == [(0, engine_devices, False), (2, engine_devices, True)]
 
 
 def test_start_devices_releases_the_waiting_parse_when_the_backend_fails(monkeypatch):
