@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
@@ -31,6 +30,7 @@ from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.loader import load_pretrained, random_model, random_weights
 from hybrid_jax.model import Qwen35ForCausalLM
+from hybrid_jax.sharding import TP, make_mesh
 from hybrid_jax.tokenizer import Tokenizer, load_tokenizer
 from hybrid_jax.weights import abstract_model
 
@@ -57,7 +57,7 @@ class ModelSource(NamedTuple):
 
     abstract: Qwen35ForCausalLM  # shape-only parameters
     load: Callable[[], Qwen35ForCausalLM]
-    load_tokenizer: Callable[[], Tokenizer]  # a parse of the vocabulary that holds the GIL throughout (~1 s)
+    load_tokenizer: Callable[[], Tokenizer]  # a parse of the vocabulary that holds the GIL throughout (0.4-1 s)
     name: str
 
 
@@ -85,7 +85,7 @@ def start_devices(count: int, client_up: threading.Event) -> list[jax.Device]:
     transfer's Python path: what remains before the allocation is a fraction of a millisecond of Python."""
     try:
         devices = jax.devices()
-        engine_devices = NamedSharding(Mesh(np.asarray(devices[:count]), ("devices",)), P("devices"))
+        engine_devices = NamedSharding(make_mesh(count), PartitionSpec(TP))
         jax.device_put(np.zeros(0, np.uint8), engine_devices).block_until_ready()
     finally:
         client_up.set()
