@@ -1,31 +1,36 @@
-"""hybrid-jax: a JAX/Pallas inference engine for the Qwen3.5 dense hybrid model family."""
+"""hybrid-jax: a JAX/Pallas inference engine for the Qwen3.5 dense hybrid model family.
 
-from hybrid_jax.config import ConfigError, Qwen35Config, preset
-from hybrid_jax.engine.sampling_params import SamplingParams, StructuredOutputsParams
-from hybrid_jax.loader import load_pretrained, random_model
-from hybrid_jax.model import Qwen35ForCausalLM
-from hybrid_jax.tokenizer import load_tokenizer
-from hybrid_jax.weights import CheckpointError, save_pretrained
+The public names import their modules on first use: ``import hybrid_jax`` (and the command line's argument
+parsing, and the server's gunicorn arbiter) loads neither JAX nor flax, so a server's worker can start JAX's
+backend beside its own imports (`server.launcher`).
+"""
 
-__all__ = [
-    "LLM",
-    "CheckpointError",
-    "ConfigError",
-    "Qwen35Config",
-    "Qwen35ForCausalLM",
-    "SamplingParams",
-    "StructuredOutputsParams",
-    "load_pretrained",
-    "load_tokenizer",
-    "preset",
-    "random_model",
-    "save_pretrained",
-]
+import importlib
+
+_EXPORTS = {  # public name -> the module that defines it
+    "LLM": "hybrid_jax.engine.llm",
+    "CheckpointError": "hybrid_jax.weights",
+    "ConfigError": "hybrid_jax.config",
+    "Qwen35Config": "hybrid_jax.config",
+    "Qwen35ForCausalLM": "hybrid_jax.model",
+    "SamplingParams": "hybrid_jax.engine.sampling_params",
+    "StructuredOutputsParams": "hybrid_jax.engine.sampling_params",
+    "load_pretrained": "hybrid_jax.loader",
+    "load_tokenizer": "hybrid_jax.tokenizer",
+    "preset": "hybrid_jax.config",
+    "random_model": "hybrid_jax.loader",
+    "save_pretrained": "hybrid_jax.weights",
+}
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name == "LLM":  # the engine pulls in the Pallas kernels; load it on first use
-        from hybrid_jax.engine.llm import LLM
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hybrid_jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
-        return LLM
-    raise AttributeError(f"module 'hybrid_jax' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

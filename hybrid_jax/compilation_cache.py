@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
-
 DEFAULT_DIR = "~/.cache/hybrid_jax/xla"
 
 
@@ -22,6 +20,8 @@ def enable_compilation_cache(path: str | Path) -> Path | None:
     A cache this process already configured (an earlier call, or the caller's own jax settings) is kept:
     JAX reads the setting once, at its first compile.
     """
+    import jax  # here, not at the top: the command line reads DEFAULT_DIR before anything needs JAX
+
     if jax.config.jax_compilation_cache_dir:
         return Path(jax.config.jax_compilation_cache_dir)
     directory = Path(path).expanduser()

@@ -6,9 +6,11 @@ hold no request thread; it may keep as many connections open as the process may 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import resource
+import threading
 
 from gunicorn.app.base import BaseApplication
 
@@ -59,9 +61,26 @@ class GunicornServer(BaseApplication):
                 self.cfg.set(key, value)
 
     def load(self):
-        from server.app import create_app  # imported in the worker, so JAX never starts in the arbiter
+        # Imported in the worker, so JAX never starts in the arbiter.
+        start_backend_client()
+        from server.app import create_app
 
         return create_app(self.settings)
+
+
+def start_backend_client() -> threading.Thread:
+    """Import JAX, then start its backend's client on a thread, beside the app's remaining imports (flax, the
+    engine, flask: about a second). The client's start (CUDA's: 0.3-0.6 s on an H100) runs outside the GIL, so
+    it overlaps them; the engine's own ``jax.devices()`` then finds the client up, or raises its error there."""
+    import jax
+
+    def start() -> None:
+        with contextlib.suppress(Exception):  # raised again, and reported, by the engine's own call
+            jax.devices()
+
+    thread = threading.Thread(target=start, name="hybrid-jax-client", daemon=True)
+    thread.start()
+    return thread
 
 
 def auth_warning(settings: Settings, host: str) -> str | None:
