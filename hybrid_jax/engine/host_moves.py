@@ -17,7 +17,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hybrid_jax.engine.host_tier import Move
 from hybrid_jax.engine.placement import Placement
@@ -103,7 +103,7 @@ class HostMoves:
         if placement.mesh is not None:  # the copies keep the pools' shardings, leading axis whole
             pools, snapshots, batch = placement.pools, placement.snapshots, placement.batch
         else:
-            one = SingleDeviceSharding(placement.devices[0])
+            one = NamedSharding(Mesh(placement.devices[:1], ("one",)), PartitionSpec())  # the one device, whole
             pools, snapshots, batch = (jax.tree.map(lambda _: one, self.pool_shapes),
                                        jax.tree.map(lambda _: one, self.snapshot_shapes), one)
         host = lambda tree: jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), tree)
