@@ -41,7 +41,8 @@ def timed(fn, calls: int) -> float:
 def measure(name: str, shapes, row_rows: int, pool_rows: int, calls: int, device) -> list[dict]:
     """Each way's time per copy of ``row_rows`` leading rows of every leaf of ``shapes`` (a pool of
     ``pool_rows`` such copies)."""
-    on_device = jax.sharding.NamedSharding(jax.sharding.Mesh([device], ("one",)), jax.sharding.PartitionSpec())
+    mesh = jax.sharding.Mesh(np.array([device]), ("one",))
+    on_device = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     pinned = on_device.with_memory_kind("pinned_host")
     pool = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), shapes)
     nbytes = sum(int(np.prod(s.shape[1:])) * s.dtype.itemsize * row_rows for s in jax.tree.leaves(shapes))
