@@ -103,7 +103,8 @@ class HostMoves:
         if placement.mesh is not None:  # the copies keep the pools' shardings, leading axis whole
             pools, snapshots, batch = placement.pools, placement.snapshots, placement.batch
         else:
-            one = NamedSharding(Mesh(np.array(placement.devices[:1]), ("one",)), PartitionSpec())  # whole, on it
+            # Every array whole on the one device.
+            one = NamedSharding(Mesh(np.array(placement.devices[:1]), ("one",)), PartitionSpec())
             pools, snapshots, batch = (jax.tree.map(lambda _: one, self.pool_shapes),
                                        jax.tree.map(lambda _: one, self.snapshot_shapes), one)
         host = lambda tree: jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), tree)
