@@ -32,11 +32,9 @@ def random_model(config: Qwen35Config | str, dtype="bfloat16", seed: int = 0) ->
     return Qwen35ForCausalLM(config, jnp.dtype(dtype), rngs=nnx.Rngs(seed))
 
 
-def random_weights(config: Qwen35Config, dtype) -> tuple[nnx.GraphDef, jax.stages.Wrapped]:
-    """The model's graph and `random_model`'s initializers as one jitted program, seed (int32) -> parameters
-    (the same values: bitwise on the CPU). One compile instead of one per initializer op and shape, for an
-    executable cache to keep; on a GPU it compiles for minutes (95 s at 0.8B), where the eager ops take ~1 s."""
+def random_weights(config: Qwen35Config, dtype) -> jax.stages.Wrapped:
+    """`random_model`'s initializers as one jitted program, seed (int32) -> the model's state (the same values:
+    bitwise on the CPU). One compile instead of one per initializer op and shape, for an executable cache to
+    keep; on a GPU it compiles for minutes (95 s at 0.8B), where the eager ops take ~1 s."""
     dtype = jnp.dtype(dtype)
-    graphdef = nnx.graphdef(abstract_model(config, dtype))
-    init = jax.jit(lambda seed: nnx.state(Qwen35ForCausalLM(config, dtype, rngs=nnx.Rngs(jax.random.key(seed)))))
-    return graphdef, init
+    return jax.jit(lambda seed: nnx.state(Qwen35ForCausalLM(config, dtype, rngs=nnx.Rngs(jax.random.key(seed)))))

@@ -81,7 +81,8 @@ class Tokenizer:
     def max_token_chars(self) -> int:
         """At least the characters any one token decodes to: the longest vocabulary entry (byte-level entries
         spell one character per byte, so they are never shorter than their text)."""
-        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+        last = max((self.vocab_size - 1, *self.backend.get_added_tokens_decoder()))  # added ids may lie past the count
+        return max(map(len, filter(None, map(self.backend.id_to_token, range(last + 1)))), default=1)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

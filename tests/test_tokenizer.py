@@ -102,6 +102,12 @@ def test_vocabulary_and_special_ids(tok: Tokenizer) -> None:
     assert tok.id_to_token(tok.encode(" world")[0]) == "Ġworld"
 
 
+def test_max_token_chars_bounds_every_token(tok: Tokenizer) -> None:
+    vocab = tok.backend.get_vocab(with_added_tokens=True)
+    assert tok.max_token_chars == max(map(len, vocab)) == 128
+    assert all(len(tok.decode([i])) <= tok.max_token_chars for i in range(0, tok.vocab_size, 97))
+
+
 def test_special_tokens_in_text(tok: Tokenizer) -> None:
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>\n<think>")
     assert ids[0] == IM_START and IM_END in ids and ids[-1] == THINK

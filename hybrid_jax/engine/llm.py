@@ -25,7 +25,7 @@ from hybrid_jax.compilation_cache import enable_compilation_cache, executable_di
 from hybrid_jax.config import Qwen35Config, preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
-from hybrid_jax.engine.programs import ExecutableStore, stored_program
+from hybrid_jax.engine.programs import ExecutableStore, stored_value
 from hybrid_jax.engine.requests import PromptLogprob
 from hybrid_jax.engine.sampling_params import SamplingParams
 from hybrid_jax.loader import load_pretrained, random_model, random_weights
@@ -69,9 +69,8 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
         return ModelSource(abstract_model(config, jnp.dtype(dtype)), lambda: load_pretrained(model, dtype),
                            lambda: load_tokenizer(model), Path(model).name)
     preset_name, dtype = ("tiny", "float32") if model is None else (model, dtype)
-    config = preset(preset_name)
-    load = lambda: stored_random_model(config, dtype, seed, executable_dir)
-    return ModelSource(abstract_model(config, jnp.dtype(dtype)), load, load_tokenizer,
+    abstract = abstract_model(preset(preset_name), jnp.dtype(dtype))
+    return ModelSource(abstract, lambda: stored_random_model(abstract, seed, executable_dir), load_tokenizer,
                        DEFAULT_MODEL_NAME if model is None else f"random-{model}")
 
 
@@ -93,19 +92,19 @@ def start_devices(count: int, client_up: threading.Event) -> list[jax.Device]:
     return devices
 
 
-def stored_random_model(config: Qwen35Config, dtype: str, seed: int,
+def stored_random_model(abstract: Qwen35ForCausalLM, seed: int,
                         executable_dir: str | os.PathLike | None) -> Qwen35ForCausalLM:
-    """`random_model`. On the CPU, with ``executable_dir``, its initializers run as one program kept in the
-    executable store there: JAX's compilation cache is off on the CPU, so each eager initializer would compile
-    on every start (DESIGN: why not on a GPU)."""
+    """`random_model` at ``abstract``'s config and dtype. On the CPU, with ``executable_dir``, its initializers run
+    as one program and the weights it makes are kept in the executable store there (`stored_value`): JAX's
+    compilation cache is off on the CPU, so each eager initializer would compile on every start (DESIGN: why
+    not on a GPU)."""
+    config, dtype = abstract.config, abstract.dtype
     if executable_dir is None or jax.devices()[0].platform != "cpu":
         return random_model(config, dtype, seed)
-    graphdef, init = random_weights(config, dtype)
-    seed_arg = np.int32(seed)
-    context = {"model": repr(config), "dtype": str(jnp.dtype(dtype))}
-    program = stored_program(ExecutableStore(executable_dir, jax.devices()[:1]), "random weights", context, init,
-                             (seed_arg,))
-    return nnx.merge(graphdef, program(seed_arg))
+    context = {"model": repr(config), "dtype": str(dtype)}
+    store = ExecutableStore(executable_dir, jax.devices()[:1])
+    weights = stored_value(store, "random weights", context, random_weights(config, dtype), (np.int32(seed),))
+    return nnx.merge(nnx.graphdef(abstract), weights)
 
 
 class LLM:

@@ -1,14 +1,16 @@
 """Compiled programs kept on disk, so a restart loads the engine's executables instead of tracing, lowering and
-compiling them again (JAX's own compilation cache skips only XLA's compile).
+compiling them again (JAX's own compilation cache skips only XLA's compile); and the outputs of a few
+deterministic programs that take longer to run than to read (`stored_value`: the CPU's random weights).
 
 Each entry is keyed by everything that can change the program without changing its name: its arguments'
 shapes, dtypes and shardings, the model config, the engine settings, a digest of this package's and the
-kernels' source (tiles included), the jax and jaxlib versions, XLA flags, and the devices (platform, kind,
-count). A missing, stale or unreadable entry is compiled again and rewritten, with a log line (on the CPU,
-not rewritten while JAX's own compilation cache is on: see RESERIALIZE_LOSES_CODE).
+kernels' source (tiles included), the jax, jaxlib and flax versions, XLA flags, and the devices (platform,
+kind, count). A missing, stale or unreadable entry is built again and rewritten, with a log line (on the CPU,
+an executable is not rewritten while JAX's own compilation cache is on: see RESERIALIZE_LOSES_CODE).
 
-A serialized executable is code: loading one runs whatever it contains. `ExecutableStore` only reads a
-directory owned by the current user that neither group nor others can write, and writes entries 0600.
+A serialized executable is code: loading one runs whatever it contains, as does unpickling a stored value.
+`ExecutableStore` only reads a directory owned by the current user that neither group nor others can write, and
+writes entries 0600.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 from jax.experimental import serialize_executable
 from tqdm import tqdm
 
@@ -58,10 +61,12 @@ def source_digest() -> str:
 
 def environment(devices: Sequence[jax.Device]) -> dict[str, Any]:
     """What, besides a program's own arguments, decides what it compiles to."""
+    import flax
     import jaxlib
 
     first = devices[0]
-    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "platform": first.platform,
+    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
+            "platform": first.platform,
             "platform_version": first.client.platform_version, "device_kind": first.device_kind,
             "devices": [d.id for d in devices], "process_count": jax.process_count(),
             "x64": bool(jax.config.jax_enable_x64),
@@ -112,25 +117,13 @@ class ExecutableStore:
 
     def load(self, name: str, key: str) -> jax.stages.Compiled | None:
         """The stored program for ``key``; None (logged) when it is missing, stale or unreadable."""
-        path = self.path(key)
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            log.warning("executable cache: %s: cannot read %s (%s); compiling it again", name, path.name, e)
-            return None
-        try:
-            payload = _unwrap(blob)
-            stored_key, data, in_tree, out_tree = pickle.loads(payload)
-            if stored_key != key:
-                raise ValueError("the entry's key differs from the program's")
-            return serialize_executable.deserialize_and_load(data, in_tree, out_tree, backend=self.devices[0].client,
-                                                             execution_devices=self.devices)
-        except Exception as e:  # a truncated, corrupt or incompatible entry: never fatal
-            log.warning("executable cache: %s: entry %s unusable (%s: %s); compiling it again", name, path.name,
-                        type(e).__name__, e)
-            return None
+        return self._read(name, key, lambda data, in_tree, out_tree: serialize_executable.deserialize_and_load(
+            data, in_tree, out_tree, backend=self.devices[0].client, execution_devices=self.devices))
+
+    def load_value(self, name: str, key: str) -> Any | None:
+        """The stored value (a pytree of host arrays) for ``key``; None (logged) when it is missing, stale or
+        unreadable."""
+        return self._read(name, key, lambda value: value)
 
     def save(self, name: str, key: str, compiled: jax.stages.Compiled) -> bool:
         """Write ``compiled`` under ``key`` (atomically, mode 0600); False (logged) if it cannot be stored."""
@@ -143,7 +136,41 @@ class ExecutableStore:
             return False
         try:
             data, in_tree, out_tree = serialize_executable.serialize(compiled)
-            blob = _wrap(pickle.dumps((key, data, in_tree, out_tree), protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as e:
+            log.warning("executable cache: %s cannot be serialized (%s: %s)", name, type(e).__name__, e)
+            return False
+        return self._write(name, key, (key, data, in_tree, out_tree))
+
+    def save_value(self, name: str, key: str, value: Any) -> bool:
+        """Write ``value`` (a pytree of arrays, copied to the host) under ``key``; False (logged) if it cannot be
+        stored."""
+        return self._write(name, key, (key, jax.tree.map(np.asarray, value)))
+
+    def _read(self, name: str, key: str, restore: Callable[..., Any]) -> Any | None:
+        """``restore`` applied to the fields of the entry stored for ``key`` (after the key); None (logged) when
+        the entry is missing, stale or unreadable, or ``restore`` raises."""
+        path = self.path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("executable cache: %s: cannot read %s (%s); building it again", name, path.name, e)
+            return None
+        try:
+            stored_key, *fields = pickle.loads(_unwrap(blob))
+            if stored_key != key:
+                raise ValueError("the entry's key differs from the program's")
+            return restore(*fields)
+        except Exception as e:  # a truncated, corrupt or incompatible entry: never fatal
+            log.warning("executable cache: %s: entry %s unusable (%s: %s); building it again", name, path.name,
+                        type(e).__name__, e)
+            return None
+
+    def _write(self, name: str, key: str, entry: tuple) -> bool:
+        """Pickle ``entry`` (its key first) to ``key``'s path, atomically, mode 0600."""
+        try:
+            blob = _wrap(pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as e:
             log.warning("executable cache: %s cannot be serialized (%s: %s)", name, type(e).__name__, e)
             return False
@@ -218,6 +245,19 @@ def stored_program(store: ExecutableStore | None, name: str, context: dict[str, 
         compiled = fn.lower(*args).compile()
         store.save(name, key, compiled)
     return compiled
+
+
+def stored_value(store: ExecutableStore, name: str, context: dict[str, Any], fn: Any, args: tuple) -> Any:
+    """The output of the deterministic program ``fn(*args)`` (a pytree of arrays) on the store's first device:
+    read from ``store`` when it holds the value, else computed (by `stored_program`) and kept. For outputs that
+    take longer to compute than to read: the CPU's random weights (its init program 1.0 s to load and run on a
+    2-core host, the 64 MB of values 0.35 s to read)."""
+    key = store.key(f"{name} (value)", context, args)
+    value = store.load_value(name, key)
+    if value is None:
+        value = stored_program(store, name, context, fn, args)(*args)
+        store.save_value(name, key, value)
+    return jax.device_put(value, store.devices[0])
 
 
 class ProgramSpec(NamedTuple):

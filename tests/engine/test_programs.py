@@ -11,12 +11,14 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import hybrid_jax
+from hybrid_jax.engine import programs
 from hybrid_jax.engine.engine import Engine, EngineConfig
-from hybrid_jax.engine.programs import ExecutableStore, StoreError, _unwrap, _wrap
+from hybrid_jax.engine.programs import ExecutableStore, StoreError, _unwrap, _wrap, stored_value
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,7 @@ import numpy as np
 import hybrid_jax
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.llm import stored_random_model
+from hybrid_jax.weights import abstract_model
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 compiles = []
@@ -38,7 +41,8 @@ class Compiles(logging.Handler):
             compiles.append(record.getMessage()[:120])
 logging.getLogger("jax").addHandler(Compiles())
 jax.config.update("jax_log_compiles", True)
-model = stored_random_model(hybrid_jax.preset("tiny").replace(vocab_size=512), "float32", 1, sys.argv[1])
+model = stored_random_model(abstract_model(hybrid_jax.preset("tiny").replace(vocab_size=512), np.float32), 1,
+                            sys.argv[1])
 config = EngineConfig(max_batch=2, max_model_len=int(sys.argv[2]), page_size=16, prefill_chunk=32, decode_steps=2,
                       prefill_sizes=(32,), decode_sizes=(2,))
 engine = Engine(model, config, executable_dir=sys.argv[1])
@@ -78,14 +82,15 @@ def test_restart_loads_every_program_and_gives_the_same_tokens(tmp_path):
     assert warm["tokens"] == cold["tokens"]
 
     entries = {json.loads(pickle.loads(_unwrap(p.read_bytes()))[0])["name"]: p for p in store.glob("*.xla")}
-    assert len(entries) == cold["total"] + 3  # and the random weights', the pools' and the snapshots' programs
+    # and the random weights' program and its output, the pools' and the snapshots' programs
+    assert len(entries) == cold["total"] + 4
     prefill = entries[next(name for name in entries if name.startswith("prefill"))]
     prefill.write_bytes(prefill.read_bytes()[: prefill.stat().st_size // 2])  # truncated
-    entries["random weights"].write_bytes(b"garbage")
+    entries["random weights (value)"].write_bytes(b"garbage")
     repaired, log = run_engine(store)
     assert repaired["counts"] == {"loaded": repaired["total"] - 1, "compiled": 1}
-    assert repaired["tokens"] == cold["tokens"]
-    assert log.count("unusable") == 2 and "compiling it again" in log
+    assert repaired["tokens"] == cold["tokens"]  # the weights made again by their stored program
+    assert log.count("unusable") == 2 and "building it again" in log
 
     same, _ = run_engine(store, mode="load")
     assert same == {"all_loaded": True, "counts": {"loaded": cold["total"], "compiled": 0}}
@@ -126,6 +131,25 @@ def test_unreadable_entries_are_misses(tmp_path, caplog):
     assert store.load("double", key) is None and "differs" in caplog.text
     store.path(key).write_bytes(store.path(key).read_bytes()[:-3])
     assert store.load("double", key) is None and "checksum" in caplog.text
+
+
+def test_stored_values_are_read_back_bitwise_and_rebuilt_when_corrupt(tmp_path, monkeypatch, caplog):
+    store = ExecutableStore(tmp_path / "x", jax.devices()[:1])
+    noise = jax.jit(lambda seed: {"a": jax.random.normal(jax.random.key(seed), (4, 3)), "b": jnp.arange(5) * seed})
+    args = (np.int32(3),)
+    made = stored_value(store, "noise", {}, noise, args)
+    with monkeypatch.context() as patch:  # read back: the program is neither loaded nor run
+        patch.setattr(programs, "stored_program", lambda *a: pytest.fail("the stored value was not used"))
+        read = stored_value(store, "noise", {}, noise, args)
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool((x == y).all()), made, read))
+    assert isinstance(read["a"], jax.Array) and read["a"].dtype == made["a"].dtype
+    assert "unusable" not in caplog.text
+    entry = store.path(store.key("noise (value)", {}, args))
+    entry.write_bytes(entry.read_bytes()[:-8])  # truncated: built again and rewritten
+    rebuilt = stored_value(store, "noise", {}, noise, args)
+    assert "unusable" in caplog.text and "checksum" in caplog.text
+    assert jax.tree.all(jax.tree.map(lambda x, y: bool((x == y).all()), made, rebuilt))
+    assert store.load_value("noise", store.key("noise (value)", {}, args)) is not None
 
 
 def test_nothing_is_written_on_the_cpu_while_jaxs_cache_is_on(tmp_path, caplog):
