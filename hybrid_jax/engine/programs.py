@@ -45,6 +45,7 @@ MAGIC = b"hybrid-jax executable\n"
 RESERIALIZE_LOSES_CODE = frozenset({"cpu"})
 SOURCE_PACKAGES = ("hybrid_jax", "pallas_kernels")
 ENV_KEYS = ("XLA_FLAGS", "HYBRID_JAX_KERNELS", "LIBTPU_INIT_ARGS")
+_LAPACK_LOCK = threading.Lock()
 
 
 @cache
@@ -105,7 +106,8 @@ class ExecutableStore:
             raise StoreError(f"compilation_cache_dir: cannot create {self.directory}: {e}") from e
         check_private(self.directory)
         if self.devices[0].platform == "cpu":
-            _initialize_lapack()
+            with _LAPACK_LOCK:  # once: the engine's store and the weights' are made on two threads at once
+                _initialize_lapack()
 
     def key(self, name: str, context: dict[str, Any], args: Any) -> str:
         """The text that identifies one program: its name, its arguments, ``context`` and the environment."""
