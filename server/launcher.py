@@ -40,6 +40,7 @@ class GunicornServer(BaseApplication):
 
     def __init__(self, settings: Settings, host: str, port: int, threads: int):
         self.settings = settings
+        self.backend = None  # the worker's, once `load` built it
         self.options = {
             "bind": f"{host}:{port}",
             "workers": 1,
@@ -52,6 +53,7 @@ class GunicornServer(BaseApplication):
             "errorlog": "-",
             "loglevel": "info",
             "control_socket_disable": True,  # gunicorn >= 24: one fixed path per user would clash between servers
+            "worker_exit": self.worker_exit,
         }
         super().__init__()
 
@@ -64,8 +66,17 @@ class GunicornServer(BaseApplication):
         # Imported in the worker, so JAX never starts in the arbiter.
         start_backend_client()
         from server.app import create_app
+        from server.backend import Backend
 
-        return create_app(self.settings)
+        self.backend = Backend(self.settings)
+        return create_app(self.settings, self.backend)
+
+    def worker_exit(self, server, worker) -> None:
+        """gunicorn's hook in the worker as it exits: stop the engine and its background compiles before the
+        interpreter shuts down (JAX's exit handlers would fail a compile under way, and a stop that waited for
+        every remaining program would outlast the graceful timeout)."""
+        if self.backend is not None:
+            self.backend.shutdown()
 
 
 def start_backend_client() -> threading.Thread:

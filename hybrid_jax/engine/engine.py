@@ -168,8 +168,10 @@ class Engine:
         return self
 
     def shutdown(self) -> None:
+        """Stop the engine thread and the background compiles (waiting for the compiles under way)."""
         self._stop.set()
         self.scheduler.wake()
+        self.runner.programs.stop(timeout=30)
         if self._thread:
             self._thread.join(timeout=30)
 

@@ -286,6 +286,7 @@ class Programs:
         self.counts = {"loaded": 0, "compiled": 0}
         self._count_lock = threading.Lock()
         self._background: threading.Thread | None = None
+        self._stopping = threading.Event()  # set by `stop`: no further background builds
 
     def get(self, key) -> jax.stages.Compiled | None:
         return self.compiled.get(key)
@@ -368,31 +369,48 @@ class Programs:
         return time.perf_counter() - start
 
     def compile_rest(self, threads: int = 1) -> threading.Thread | None:
-        """Build (load or compile) every program still missing in a background thread, ``threads`` at a time,
-        in order (a failure is logged and leaves that program missing: the engine runs a larger bucket or a
-        plainer variant)."""
-        rest = [k for k in self.specs if k not in self.compiled]
-        if not rest:
+        """Build (load or compile) every program still missing in the background, in order, ``threads`` at a
+        time, until `stop` (a failure is logged and leaves that program missing: the engine runs a larger bucket
+        or a plainer variant). The threads are daemons: a process that exits meanwhile waits for none of them."""
+        keys = [k for k in self.specs if k not in self.compiled]
+        if not keys:
             return None
+        rest, take, failed = iter(keys), threading.Lock(), []
 
-        def build(key) -> bool:
-            try:
-                self.build(key)
-                return True
-            except Exception:
-                log.exception("background compile of %s failed", self.specs[key].name)
-                return False
+        def work() -> None:
+            while not self._stopping.is_set():
+                with take:
+                    key = next(rest, None)
+                if key is None:
+                    return
+                try:
+                    self.build(key)
+                except Exception:
+                    log.exception("background compile of %s failed", self.specs[key].name)
+                    failed.append(key)
 
-        def run():
+        def run() -> None:
             start = time.perf_counter()
-            with ThreadPoolExecutor(threads, thread_name_prefix="hybrid-jax-background-compile") as pool:
-                failed = sum(not ok for ok in pool.map(build, rest))
-            log.info("start-up: %d more programs built in the background in %.1f s%s", len(rest) - failed,
-                     time.perf_counter() - start, f"; {failed} failed" if failed else "; all programs ready")
+            workers = [threading.Thread(target=work, name=f"hybrid-jax-background-compile_{i}", daemon=True)
+                       for i in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            if self._stopping.is_set():
+                log.info("background compiles stopped with %d programs left", self.pending)
+            else:
+                log.info("start-up: %d more programs built in the background in %.1f s%s", len(keys) - len(failed),
+                         time.perf_counter() - start, f"; {len(failed)} failed" if failed else "; all programs ready")
 
         self._background = threading.Thread(target=run, name="hybrid-jax-background-compile", daemon=True)
         self._background.start()
         return self._background
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Start no more background builds; wait up to ``timeout`` s for those under way. True when none is."""
+        self._stopping.set()
+        return self.wait(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the background compiles; True when none is running."""

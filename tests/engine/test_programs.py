@@ -3,10 +3,12 @@ a corrupt or stale entry is compiled again; a directory others can write is refu
 the same tokens as a full warm-up, and each runs once while the engine idles."""
 
 import json
+import logging
 import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -208,6 +210,21 @@ def test_background_compiles_serve_the_same_tokens_then_run_once_while_idle(mode
         assert tokens == want and handles[2].num_cached_tokens == 64
     finally:
         background.shutdown()
+
+
+def test_shutdown_stops_the_background_compiles(model, caplog):
+    """A shutdown waits for the builds under way, not for every program left (a process that exits without one
+    waits for none: the builders are daemon threads)."""
+    caplog.set_level(logging.INFO, "hybrid_jax.engine")
+    engine = Engine(model, EngineConfig(max_batch=4, max_model_len=256, page_size=16, prefill_chunk=64,
+                                        decode_steps=3, background_compile=True)).start()
+    left = engine.programs.pending
+    engine.shutdown()
+    assert engine.programs.wait(0)  # nothing runs after the shutdown
+    assert 0 < engine.programs.pending < left or left == 0
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("hybrid-jax-background-compile"))
+    if left:
+        assert f"background compiles stopped with {engine.programs.pending} programs left" in caplog.text
 
 
 def test_programs_lower_from_an_abstract_model_while_its_weights_load(model):

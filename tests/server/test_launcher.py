@@ -13,10 +13,16 @@ from server.settings import Settings
 def test_the_worker_starts_the_backend_client_then_builds_the_app(monkeypatch):
     calls = []
     monkeypatch.setattr(launcher, "start_backend_client", lambda: calls.append("client"))
-    monkeypatch.setattr(app, "create_app", lambda settings: calls.append(("app", settings)) or "the app")
+    monkeypatch.setattr(app, "create_app", lambda settings, backend: calls.append(("app", settings)) or "the app")
     settings = Settings()
-    assert launcher.GunicornServer(settings, "127.0.0.1", 0, 1).load() == "the app"
+    server = launcher.GunicornServer(settings, "127.0.0.1", 0, 1)
+    assert server.load() == "the app"
     assert calls == ["client", ("app", settings)]
+    assert server.cfg.worker_exit == server.worker_exit  # the hook gunicorn calls in the exiting worker
+    stopped = []
+    monkeypatch.setattr(server.backend, "shutdown", lambda: stopped.append(True))
+    server.worker_exit(None, None)
+    assert stopped == [True]
 
 
 def test_the_backend_client_starts_on_its_own_thread(monkeypatch):
