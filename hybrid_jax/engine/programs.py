@@ -67,8 +67,8 @@ def environment(devices: Sequence[jax.Device]) -> dict[str, Any]:
 
     first = devices[0]
     return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "flax": flax.__version__,
-            "platform": first.platform,
-            "platform_version": first.client.platform_version, "device_kind": first.device_kind,
+            "platform": first.platform, "platform_version": first.client.platform_version,
+            "device_kind": first.device_kind,
             "devices": [d.id for d in devices], "process_count": jax.process_count(),
             "x64": bool(jax.config.jax_enable_x64),
             "matmul_precision": str(jax.config.jax_default_matmul_precision),
@@ -252,8 +252,7 @@ def stored_program(store: ExecutableStore | None, name: str, context: dict[str, 
 def stored_value(store: ExecutableStore, name: str, context: dict[str, Any], fn: Any, args: tuple) -> Any:
     """The output of the deterministic program ``fn(*args)`` (a pytree of arrays) on the store's first device:
     read from ``store`` when it holds the value, else computed (by `stored_program`) and kept. For outputs that
-    take longer to compute than to read: the CPU's random weights (its init program 1.0 s to load and run on a
-    2-core host, the 64 MB of values 0.35 s to read)."""
+    take longer to compute than to read: the CPU's random weights (DESIGN, "Executable store")."""
     key = store.key(f"{name} (value)", context, args)
     value = store.load_value(name, key)
     if value is None:
