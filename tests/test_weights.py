@@ -4,13 +4,15 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import hybrid_jax
-from hybrid_jax.weights import CheckpointError, match_name
+from hybrid_jax.weights import CheckpointError, mapped_tensors, match_name
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
 IDS = jnp.asarray([[5, 17, 300, 2, 9, 44, 101]], jnp.int32)
@@ -112,3 +114,65 @@ def test_config_mismatch_shows_in_shapes(tmp_path):
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="mlp"):
         hybrid_jax.load_pretrained(tmp_path / "ck", "float32")
+
+
+def test_mapped_tensors_equal_safetensors_own_reading(tmp_path):
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.normal(size=(3, 5)).astype(np.float32), "b": rng.normal(size=7).astype(ml_dtypes.bfloat16),
+               "c": rng.normal(size=(2, 1, 4)).astype(np.float16), "d": np.zeros((0, 3), np.float64),
+               "e": np.full((), 2.5, np.float32)}
+    save_file(tensors, str(tmp_path / "x.safetensors"), metadata={"format": "pt"})
+    mapped = mapped_tensors(tmp_path / "x.safetensors")
+    expected = load_file(str(tmp_path / "x.safetensors"))
+    assert sorted(mapped) == sorted(expected)
+    for name, array in expected.items():
+        assert mapped[name].dtype == array.dtype and mapped[name].shape == array.shape
+        np.testing.assert_array_equal(mapped[name], array)
+        assert not mapped[name].flags.writeable  # a view of the read-only mapping, not a copy
+
+
+def _header_file(path: Path, header, data: bytes = b"") -> Path:
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+    return path
+
+
+@pytest.mark.parametrize(("header", "data", "message"), [
+    (None, b"", "header length exceeds the file"),
+    ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, r"'w'.*data_offsets \[0, 8\]"),
+    ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, r"'w'.*shape \[3\] of F32"),
+    ({"w": {"dtype": "I32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, r"'w'.*dtype 'I32'"),
+    ({"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, r"'w'.*malformed header entry"),
+    ([1, 2], b"", "not a JSON object"),
+])
+def test_malformed_safetensors_names_file_and_tensor(tmp_path, header, data, message):
+    file = tmp_path / "model.safetensors"
+    if header is None:
+        file.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    else:
+        _header_file(file, header, data)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*" + message):
+        mapped_tensors(file)
+
+
+def test_truncated_checkpoint_is_an_error_naming_the_file(single_file):
+    _, path = single_file
+    file = path / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*data_offsets"):
+        hybrid_jax.load_pretrained(path, "float32")
+
+
+def test_loaded_weights_do_not_alias_the_checkpoint_file(single_file):
+    _, path = single_file
+    loaded = hybrid_jax.load_pretrained(path, "float32")
+    weights = [np.array(leaf) for leaf in jax.tree.leaves(nnx.state(loaded))]
+    file = path / "model.safetensors"
+    header_length = int.from_bytes(file.read_bytes()[:8], "little")
+    with open(file, "r+b") as f:  # the checkpoint overwritten in place while its model is in use
+        f.seek(8 + header_length)
+        f.write(b"\x7f" * (file.stat().st_size - 8 - header_length))
+    for before, after in zip(weights, jax.tree.leaves(nnx.state(loaded)), strict=True):
+        np.testing.assert_array_equal(after, before)
