@@ -31,8 +31,7 @@ SKIPPED = re.compile(r"^(model\.visual\.|mtp\.|model\.mtp\.)")
 PREFIXES = ("model.language_model.", "model.")
 INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_DTYPES = {"F64": jnp.float64, "F32": jnp.float32, "F16": jnp.float16, "BF16": jnp.bfloat16}
-# Transfers in flight while a checkpoint loads: 9B from the page cache in 2.6-2.8 s on 8, 4.0 s on one
-# (BENCHMARKS, "Checkpoint loading").
+# Tensors placed at once while a checkpoint loads (BENCHMARKS, "Checkpoint loading").
 LOAD_THREADS = 8
 
 
@@ -186,8 +185,8 @@ def _to_device(placement: tuple[nnx.Variable, np.ndarray, Transform]) -> jax.Arr
 
 def mapped_tensors(file: Path) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file, as a read-only view of the file mapped into memory: its bytes are read
-    when the view is (safetensors' ``get_tensor`` copies each tensor first, at a quarter of the device transfer's
-    rate). The format, from safetensors' specification: a little-endian u64 N, an N-byte JSON header
+    when the view is (safetensors' ``get_tensor`` copies each tensor first; BENCHMARKS, "Checkpoint loading"). The
+    format, from safetensors' specification: a little-endian u64 N, an N-byte JSON header
     ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` (and an optional ``__metadata__``), then the
     data, which the offsets index."""
     with open(file, "rb") as f:
