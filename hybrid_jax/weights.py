@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
+from tqdm import tqdm
 
 from hybrid_jax.config import Qwen35Config
 from hybrid_jax.model import Qwen35ForCausalLM
@@ -167,10 +168,14 @@ def load_weights(model: Qwen35ForCausalLM, path: str | Path) -> None:
     if missing:
         raise CheckpointError(f"{path}: missing tensors for parameters {missing[:8]}"
                               + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    with ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="hybrid-jax-checkpoint") as pool:
+    total = sum(tensor.nbytes for _, tensor, _ in placements)
+    with (ThreadPoolExecutor(LOAD_THREADS, thread_name_prefix="hybrid-jax-checkpoint") as pool,
+          tqdm(total=total, desc="weights", unit="B", unit_scale=True, disable=None,
+               leave=False) as bar):
         values = pool.map(_to_device, placements)
-        for (var, _, _), value in zip(placements, values, strict=True):
+        for (var, tensor, _), value in zip(placements, values, strict=True):
             var.set_value(value)
+            bar.update(tensor.nbytes)
 
 
 def _to_device(placement: tuple[nnx.Variable, np.ndarray, Transform]) -> jax.Array:
