@@ -12,6 +12,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import hybrid_jax
+from hybrid_jax import weights
 from hybrid_jax.weights import CheckpointError, mapped_tensors, match_name
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden"
@@ -165,14 +166,30 @@ def test_truncated_checkpoint_is_an_error_naming_the_file(single_file):
         hybrid_jax.load_pretrained(path, "float32")
 
 
-def test_loaded_weights_do_not_alias_the_checkpoint_file(single_file):
+@pytest.mark.parametrize("device_transform_bytes", [weights.DEVICE_TRANSFORM_BYTES, 0])
+def test_loaded_weights_do_not_alias_the_checkpoint_file(single_file, monkeypatch, device_transform_bytes):
     _, path = single_file
+    monkeypatch.setattr(weights, "DEVICE_TRANSFORM_BYTES", device_transform_bytes)
     loaded = hybrid_jax.load_pretrained(path, "float32")
-    weights = [np.array(leaf) for leaf in jax.tree.leaves(nnx.state(loaded))]
+    values = [np.array(leaf) for leaf in jax.tree.leaves(nnx.state(loaded))]
     file = path / "model.safetensors"
     header_length = int.from_bytes(file.read_bytes()[:8], "little")
     with open(file, "r+b") as f:  # the checkpoint overwritten in place while its model is in use
         f.seek(8 + header_length)
         f.write(b"\x7f" * (file.stat().st_size - 8 - header_length))
-    for before, after in zip(weights, jax.tree.leaves(nnx.state(loaded)), strict=True):
+    for before, after in zip(values, jax.tree.leaves(nnx.state(loaded)), strict=True):
         np.testing.assert_array_equal(after, before)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reshaping_on_the_device_equals_the_host(single_file, monkeypatch, dtype):
+    _, path = single_file  # a float32 checkpoint: the bfloat16 load also casts
+    on_host = hybrid_jax.load_pretrained(path, dtype)
+    monkeypatch.setattr(weights, "DEVICE_TRANSFORM_BYTES", 0)  # every transposed tensor goes through the device
+    calls, program = [], weights._on_device
+    monkeypatch.setattr(weights, "_on_device", lambda *key: calls.append(key) or program(*key))
+    on_device = hybrid_jax.load_pretrained(path, dtype)
+    assert {transform for transform, _ in calls} == {weights.LINEAR, weights.CONV}
+    for a, b in zip(jax.tree.leaves(nnx.state(on_host)), jax.tree.leaves(nnx.state(on_device)), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
