@@ -35,10 +35,9 @@ INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_DTYPES = {"F64": jnp.float64, "F32": jnp.float32, "F16": jnp.float16, "BF16": jnp.bfloat16}
 # Tensors placed at once while a checkpoint loads (BENCHMARKS, "Checkpoint loading").
 LOAD_THREADS = 8
-# Tensors of at least this many bytes are reshaped (transposed) after their transfer, by the device: the host's
-# strided copy moves about 0.4 GB/s per thread, the device's at memory speed. Smaller tensors are reshaped on the
-# host, where that costs less than compiling the device's program for their shape (BENCHMARKS, "Checkpoint
-# loading").
+# Tensors of at least this many bytes are transposed by the device after their transfer, faster than the host's
+# strided copy; smaller ones by the host, where that costs less than a device program for their shape
+# (BENCHMARKS, "Checkpoint loading").
 DEVICE_TRANSFORM_BYTES = 32 << 20
 
 
