@@ -1,8 +1,9 @@
 """Checkpoint load timings. `write SIZE DIR`: a random checkpoint; `time VARIANT DIR`: one load, in a fresh process.
-Variants: current (load_pretrained of the tree on PYTHONPATH), read (get_tensor only), put (device_put of the
-tensors get_tensor returns), mmap_put (device_put of mapped views), device_t / device_t8 (get_tensor, transposes on
-the device, 1 / 8 threads), mmap_t / mmap_t8 (mapped views, transposes on the device), mmap_h / mmap_h4 / mmap_h8
-(mapped views, transposes on the host, 1 / 4 / 8 threads). CC=DIR turns JAX's compilation cache on."""
+Variants: current (load_pretrained of the tree on PYTHONPATH; current_tN: with DEVICE_TRANSFORM_BYTES = N MiB),
+read (get_tensor only), put (device_put of the tensors get_tensor returns), mmap_put (device_put of mapped views),
+device_t / device_t8 (get_tensor, transposes on the device, 1 / 8 threads), mmap_t / mmap_t8 (mapped views,
+transposes on the device), mmap_h / mmap_h4 / mmap_h8 (mapped views, transposes on the host, 1 / 4 / 8 threads).
+CC=DIR turns JAX's compilation cache on."""
 
 import json
 import mmap
@@ -118,6 +119,9 @@ def main():
         enable_compilation_cache(os.environ["CC"])
     jax.device_put(np.zeros(1, np.uint8)).block_until_ready()  # the client and the arena, outside the timing
     t = time.perf_counter()
+    if variant.startswith("current_t"):  # current, with DEVICE_TRANSFORM_BYTES = N MiB
+        weights.DEVICE_TRANSFORM_BYTES = int(variant[len("current_t"):]) << 20
+        variant = "current"
     if variant == "current":
         model = load_pretrained(path)
         jax.block_until_ready(jax.tree.leaves(jax.tree.map(lambda v: v, __import__("flax").nnx.state(model))))

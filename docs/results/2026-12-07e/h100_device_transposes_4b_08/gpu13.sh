@@ -4,13 +4,13 @@ t0=$(date +%s)
 el() { echo "elapsed $(( $(date +%s) - t0 ))"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 mkdir -p $OUT/s4 $OUT/s08
-for size in 4b 0.8b; do python3 docs/results/2026-12-07e/h100_device_transposes/ckload.py write $size /tmp/ck_$size 2>&1 | grep -v Warning | tee -a $OUT/ckload.log; done
+for size in 4b 0.8b; do python3 docs/results/2026-12-07c/ckload.py write $size /tmp/ck_$size 2>&1 | grep -v Warning | tee -a $OUT/ckload.log; done
 el | tee -a $OUT/ckload.log
 for round in 1 2; do
   for v in new old; do
     case $v in old) pp=/tmp/site:$PWD/OLD_TREE;; new) pp=/tmp/site:$PWD;; esac
     echo -n "4b $v " | tee -a $OUT/ckload.log
-    PYTHONPATH=$pp python3 docs/results/2026-12-07e/h100_device_transposes/ckload.py time current /tmp/ck_4b 2>&1 | grep -E "^current|Error" | tee -a $OUT/ckload.log
+    PYTHONPATH=$pp python3 docs/results/2026-12-07c/ckload.py time current /tmp/ck_4b 2>&1 | grep -E "^current|Error" | tee -a $OUT/ckload.log
   done
 done
 el | tee -a $OUT/ckload.log
