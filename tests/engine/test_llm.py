@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from hybrid_jax import LLM, SamplingParams
+from hybrid_jax import LLM, SamplingParams, load_pretrained
+from hybrid_jax.engine.llm import model_source
 from hybrid_jax.generate import greedy_generate
 
 GOLDEN = Path(__file__).parent.parent / "fixtures" / "golden" / "causal_grouped"
@@ -82,6 +83,16 @@ def test_generate_returns_prompt_logprobs_as_score_has_them(llm):
     assert out.prompt_logprobs[0] is None and all(len(e) in (2, 3) for e in out.prompt_logprobs[1:])
     np.testing.assert_allclose([e[t] for t, e in zip(seq[1:], out.prompt_logprobs[1:], strict=True)],
                                llm.score(prompt_token_ids=[seq])[0].logprobs, atol=2e-4)
+
+
+def test_checkpoint_model_fills_a_copy_of_the_shapes():
+    source = model_source(str(GOLDEN), "float32")
+    model = source.load()
+    reference = load_pretrained(GOLDEN, dtype="float32")
+    ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    np.testing.assert_array_equal(model(ids), reference(ids))
+    shapes = nnx.state(source.abstract, nnx.Param)
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(shapes))  # the engine's, untouched
 
 
 def test_start_devices_allocates_first_on_the_engines_devices_only(monkeypatch):
