@@ -77,7 +77,7 @@ def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: s
 def checkpoint_model(abstract: Qwen35ForCausalLM, checkpoint: str) -> Qwen35ForCausalLM:
     """`load_pretrained` over shapes already traced: a copy of ``abstract`` (its own parameters, as the engine
     reads the original's meanwhile) filled from ``checkpoint``. Tracing the shapes again would hold the GIL beside
-    the engine's construction (0.2 s at 0.8B on a 2-core CPU)."""
+    the engine's construction (BENCHMARKS, "Time to ready")."""
     model = nnx.clone(abstract)
     load_weights(model, checkpoint)
     return model
