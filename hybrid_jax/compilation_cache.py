@@ -1,17 +1,37 @@
 """Where compiled programs persist across runs: JAX's compilation cache (XLA's compiled code) at the cache
 directory, and the engine's serialized executables (`engine.programs`) in its ``executables`` folder, which
-skip tracing and lowering as well."""
+skip tracing and lowering as well.
+
+The executables are keyed by this package's source among the rest, so every upgrade leaves a full set behind:
+their folder is kept under a size (`ExecutableDir.max_bytes`), the least recently used removed first. JAX's
+cache is keyed by the programs themselves and grows only as they change; JAX bounds it by its own setting
+(``JAX_COMPILATION_CACHE_MAX_SIZE``, in bytes; it needs the ``filelock`` package).
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_DIR = "~/.cache/hybrid_jax/xla"
+DEFAULT_EXECUTABLES_GIB = 10.0
 
 
-def executable_dir(path: str | Path) -> Path:
-    """The engine's serialized executables under the cache directory ``path``."""
-    return Path(path).expanduser() / "executables"
+@dataclass(frozen=True)
+class ExecutableDir:
+    """The folder of the engine's serialized executables and the most disk they may take (None: no limit)."""
+
+    path: Path
+    max_bytes: int | None = int(DEFAULT_EXECUTABLES_GIB * 2**30)
+
+
+def executable_dir(path: str | Path, max_gib: float = DEFAULT_EXECUTABLES_GIB) -> ExecutableDir:
+    """The engine's serialized executables under the cache directory ``path``, kept under ``max_gib`` GiB
+    (0: no limit)."""
+    if not 0 <= max_gib < math.inf:
+        raise ValueError(f"executable_cache_size: must be a size in GiB >= 0, got {max_gib}")
+    return ExecutableDir(Path(path).expanduser() / "executables", int(max_gib * 2**30) if max_gib else None)
 
 
 def enable_compilation_cache(path: str | Path) -> Path | None:

@@ -34,6 +34,7 @@ def default_llm(settings: Settings):
                memory_utilization=settings.gpu_memory_utilization,
                decode_steps=settings.decode_steps, decode_sizes=settings.decode_sizes,
                compilation_cache_dir=settings.compilation_cache_dir,
+               executable_cache_size=settings.executable_cache_size,
                background_compile=settings.background_compile,
                enable_prefix_caching=settings.enable_prefix_caching,
                kv_offloading_size=settings.kv_offloading_size, snapshot_stride=settings.snapshot_stride,

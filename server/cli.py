@@ -77,6 +77,7 @@ def _serve(args: argparse.Namespace) -> None:
                         decode_sizes=tuple(args.decode_sizes) if args.decode_sizes else None,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         compilation_cache_dir=args.compilation_cache_dir or None,
+                        executable_cache_size=args.executable_cache_size,
                         background_compile=args.background_compile,
                         enable_prefix_caching=args.enable_prefix_caching,
                         kv_offloading_size=args.kv_offloading_size, snapshot_stride=args.snapshot_stride,

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hybrid_jax.compilation_cache import DEFAULT_EXECUTABLES_GIB
+
 ENV_PREFIX = "HYBRID_JAX_"
 API_KEY_VARIABLES = ("HYBRID_JAX_API_KEY", "VLLM_API_KEY")  # read in this order when no key is given
 LOOPBACK_BINDS = ("127.0.0.1", "localhost")
@@ -26,6 +28,7 @@ class Settings:
     decode_steps: int = 4  # greedy decode steps per device call when no prompt waits
     decode_sizes: tuple[int, ...] | None = None  # decode batch buckets (env: "1,8,32"); None: powers of two
     compilation_cache_dir: str | None = None  # keep compiled programs here across restarts
+    executable_cache_size: float = DEFAULT_EXECUTABLES_GIB  # GiB the serialized programs there may take (0: any)
     background_compile: bool = True  # ready once the largest buckets are built; the rest compile after
     enable_prefix_caching: bool = True  # reuse the KV pages and GDN state of cached prompt prefixes
     kv_offloading_size: float = 0.0  # GiB of host memory for blocks evicted from the prefix cache

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hybrid_jax.compilation_cache import ExecutableDir
 from hybrid_jax.engine.cache import BlockAllocator, memory_report
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, host_samples
 from hybrid_jax.engine.config import EngineConfig
@@ -41,11 +42,12 @@ class Engine:
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig = EngineConfig(), *,  # noqa: B008 (frozen)
                  eos_token_ids: tuple[int, ...] = (), think_token_ids: tuple[int, int] | None = None,
-                 valid_vocab: int | None = None, executable_dir: str | os.PathLike | None = None,
+                 valid_vocab: int | None = None, executable_dir: ExecutableDir | str | os.PathLike | None = None,
                  tokenizer: Tokenizer | None = None):
-        """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`). ``model``
-        may be abstract (shape-only parameters, as `weights.abstract_model` makes): its programs can be built
-        (`prepare_programs`) while the weights load, and `attach` gives it the loaded model before `start`.
+        """``executable_dir``: keep the compiled programs there (see `programs.ExecutableStore`; a bare path has
+        the default size limit). ``model`` may be abstract (shape-only parameters, as `weights.abstract_model`
+        makes): its programs can be built (`prepare_programs`) while the weights load, and `attach` gives it the
+        loaded model before `start`.
         ``think_token_ids``: the (start, end) tokens of a think block; a request's thinking_token_budget applies
         when its prompt leaves one open. ``tokenizer``: what grammars are compiled against (None: requests with
         structured_outputs are refused)."""

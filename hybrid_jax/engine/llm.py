@@ -21,7 +21,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from hybrid_jax.compilation_cache import enable_compilation_cache, executable_dir
+from hybrid_jax.compilation_cache import (
+    DEFAULT_EXECUTABLES_GIB,
+    ExecutableDir,
+    enable_compilation_cache,
+    executable_dir,
+)
 from hybrid_jax.config import Qwen35Config, preset
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.output import RequestOutput, TextAssembler
@@ -61,7 +66,8 @@ class ModelSource(NamedTuple):
     name: str
 
 
-def model_source(model: str | None, dtype: str, seed: int = 0, executable_dir: str | None = None) -> ModelSource:
+def model_source(model: str | None, dtype: str, seed: int = 0,
+                 executable_dir: ExecutableDir | None = None) -> ModelSource:
     """A checkpoint directory, a size preset (random weights), or None: the embedded tiny random default.
     ``executable_dir``: where the random weights' program is kept across runs."""
     if model is not None and Path(model).is_dir():
@@ -102,7 +108,7 @@ def start_devices(count: int, client_up: threading.Event) -> list[jax.Device]:
 
 
 def stored_random_model(abstract: Qwen35ForCausalLM, seed: int,
-                        executable_dir: str | os.PathLike | None) -> Qwen35ForCausalLM:
+                        executable_dir: ExecutableDir | str | os.PathLike | None) -> Qwen35ForCausalLM:
     """`random_model` at ``abstract``'s config and dtype. On the CPU, with ``executable_dir``, its initializers run
     as one program and the weights it makes are kept in the executable store there (`stored_value`): JAX's
     compilation cache is off on the CPU, so each eager initializer would compile on every start (DESIGN: why
@@ -121,12 +127,14 @@ class LLM:
 
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", *, max_batch: int = 64,
                  max_model_len: int = 4096, seed: int = 0, warmup: bool = True,
-                 compilation_cache_dir: str | None = None, **engine_options):
+                 compilation_cache_dir: str | None = None, executable_cache_size: float = DEFAULT_EXECUTABLES_GIB,
+                 **engine_options):
         """``compilation_cache_dir``: keep compiled programs there across runs: the engine's serialized
-        executables (`programs.ExecutableStore`) and, except on the CPU, JAX's compilation cache
-        (`enable_compilation_cache`; XLA:CPU cannot serialize again an executable that cache returned)."""
+        executables (`programs.ExecutableStore`), at most ``executable_cache_size`` GiB of them (0: no limit),
+        and, except on the CPU, JAX's compilation cache (`enable_compilation_cache`; XLA:CPU cannot serialize
+        again an executable that cache returned)."""
         start = time.perf_counter()
-        executables = executable_dir(compilation_cache_dir) if compilation_cache_dir else None
+        executables = executable_dir(compilation_cache_dir, executable_cache_size) if compilation_cache_dir else None
         engine_config = EngineConfig(max_batch=max_batch, max_model_len=max_model_len, **engine_options)
         # The devices start beside the model's shapes and then the tokenizer's parse. The parse holds the GIL
         # throughout, so it begins once the devices' thread has its client and a head start into the first

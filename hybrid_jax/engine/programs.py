@@ -6,7 +6,9 @@ Each entry is keyed by everything that can change the program without changing i
 shapes, dtypes and shardings, the model config, the engine settings, a digest of this package's and the
 kernels' source (tiles included), the jax, jaxlib and flax versions, XLA flags, and the devices (platform,
 kind, count). A missing, stale or unreadable entry is built again and rewritten, with a log line (on the CPU,
-an executable is not rewritten while JAX's own compilation cache is on: see RESERIALIZE_LOSES_CODE).
+an executable is not rewritten while JAX's own compilation cache is on: see RESERIALIZE_LOSES_CODE). The folder
+is kept under its size limit (`ExecutableDir.max_bytes`): each write removes the least recently used entries
+(an entry's mtime is its last load or write) beyond it, and partial writes that dead processes left.
 
 A serialized executable is code: loading one runs whatever it contains, as does unpickling a stored value.
 `ExecutableStore` only reads a directory owned by the current user that neither group nor others can write, and
@@ -15,6 +17,7 @@ writes entries 0600.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +37,8 @@ import numpy as np
 from jax.experimental import serialize_executable
 from tqdm import tqdm
 
+from hybrid_jax.compilation_cache import ExecutableDir
+
 log = logging.getLogger("hybrid_jax.engine")
 
 FORMAT = 1  # bump when the entry layout changes
@@ -45,6 +50,8 @@ MAGIC = b"hybrid-jax executable\n"
 RESERIALIZE_LOSES_CODE = frozenset({"cpu"})
 SOURCE_PACKAGES = ("hybrid_jax", "pallas_kernels")
 ENV_KEYS = ("XLA_FLAGS", "HYBRID_JAX_KERNELS", "LIBTPU_INIT_ARGS")
+ENTRY_SUFFIX = ".xla"
+PARTIAL_WRITE_S = 3600.0  # a partial write (``<entry>.tmp<pid>-<thread>``) older than this lost its writer
 _LAPACK_LOCK = threading.Lock()
 
 
@@ -92,14 +99,19 @@ class StoreError(ValueError):
 
 
 class ExecutableStore:
-    """Serialized executables in one directory of the current user's, one file per key."""
+    """Serialized executables in one directory of the current user's, one file per key, kept under a size."""
 
-    def __init__(self, directory: str | Path, devices: Sequence[jax.Device]):
-        self.directory = Path(directory).expanduser()
+    def __init__(self, directory: ExecutableDir | str | Path, devices: Sequence[jax.Device]):
+        """``directory``: a bare path has the default size limit."""
+        location = directory if isinstance(directory, ExecutableDir) else ExecutableDir(Path(directory))
+        self.directory = location.path.expanduser()
+        self.max_bytes = location.max_bytes
         self.devices = list(devices)
         self._environment = environment(self.devices)
         self._lock = threading.Lock()
-        self._warned = False
+        self._trim_lock = threading.Lock()
+        self._opened = time.time()  # entries with a later mtime were loaded or written since
+        self._warned = self._warned_small = False  # the one-time warnings: not written; limit too small
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
@@ -115,7 +127,7 @@ class ExecutableStore:
                           sort_keys=True, default=str)
 
     def path(self, key: str) -> Path:
-        return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".xla")
+        return self.directory / (hashlib.sha256(key.encode()).hexdigest()[:40] + ENTRY_SUFFIX)
 
     def load(self, name: str, key: str) -> jax.stages.Compiled | None:
         """The stored program for ``key``; None (logged) when it is missing, stale or unreadable."""
@@ -163,11 +175,14 @@ class ExecutableStore:
             stored_key, *fields = pickle.loads(_unwrap(blob))
             if stored_key != key:
                 raise ValueError("the entry's key differs from the program's")
-            return restore(*fields)
+            value = restore(*fields)
         except Exception as e:  # a truncated, corrupt or incompatible entry: never fatal
             log.warning("executable cache: %s: entry %s unusable (%s: %s); building it again", name, path.name,
                         type(e).__name__, e)
             return None
+        with contextlib.suppress(OSError):  # the mtime orders entries for `_trim`: recently used go last
+            os.utime(path)
+        return value
 
     def _write(self, name: str, key: str, entry: tuple) -> bool:
         """Pickle ``entry`` (its key first) to ``key``'s path, atomically, mode 0600."""
@@ -188,7 +203,48 @@ class ExecutableStore:
             log.warning("executable cache: cannot write %s (%s)", path, e)
             tmp.unlink(missing_ok=True)
             return False
+        try:
+            self._trim(keep=path)
+        except OSError as e:  # the entry is written: the folder is trimmed at a later write
+            log.warning("executable cache: cannot keep %s within its size (%s)", self.directory, e)
         return True
+
+    def _trim(self, keep: Path) -> None:
+        """Remove partial writes older than PARTIAL_WRITE_S, then the least recently used entries (oldest mtime
+        first, never ``keep``) until the folder is within ``max_bytes``. Other processes may use the folder:
+        a file gone meanwhile is skipped, and an entry removed under a reader is that reader's miss."""
+        with self._trim_lock:
+            now, total, entries = time.time(), 0, []
+            for path in self.directory.iterdir():
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                if path.suffix == ENTRY_SUFFIX:
+                    entries.append((info.st_mtime, path, info.st_size))
+                elif path.suffix.startswith(".tmp") and now - info.st_mtime > PARTIAL_WRITE_S:
+                    path.unlink(missing_ok=True)
+                    continue
+                total += info.st_size
+            if self.max_bytes is None or total <= self.max_bytes:
+                return
+            removed = freed = recent = 0
+            for mtime, path, size in sorted(entries):
+                if total - freed <= self.max_bytes:
+                    break
+                if path == keep:
+                    continue
+                path.unlink(missing_ok=True)
+                removed, freed, recent = removed + 1, freed + size, recent + (mtime >= self._opened)
+            log.info("executable cache: removed the %d least recently used entries (%s) to stay within %s",
+                     removed, _size(freed), _size(self.max_bytes))
+            if recent and not self._warned_small:
+                self._warned_small = True
+                log.warning("executable cache: %d of them were loaded or written since this engine started: the "
+                            "limit (%s) is smaller than the programs in use, so restarts compile again; raise "
+                            "executable_cache_size (--executable-cache-size)", recent, _size(self.max_bytes))
 
 
 def xla_cache_on() -> bool:
@@ -220,6 +276,10 @@ def _initialize_lapack() -> None:
     except (ImportError, AttributeError):
         a = jax.ShapeDtypeStruct((2, 2), "float32")
         jax.jit(lambda x, y: jax.lax.linalg.triangular_solve(x, y, left_side=True, lower=True)).lower(a, a)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _wrap(payload: bytes) -> bytes:

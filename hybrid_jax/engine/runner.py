@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hybrid_jax.compilation_cache import ExecutableDir
 from hybrid_jax.engine.batches import decode_batch, prefill_batch
 from hybrid_jax.engine.cache import plan_layout, weight_device_bytes
 from hybrid_jax.engine.calls import DecodeCall, FirstTokens, PendingSample, host_samples
@@ -48,7 +49,7 @@ class Runner:
     """Owns the weights, the cache pools and the programs; runs the steps the engine loop asks for."""
 
     def __init__(self, model: Qwen35ForCausalLM, config: EngineConfig, *, valid_vocab: int | None = None,
-                 executable_dir: str | os.PathLike | None = None, grammars: bool = False):
+                 executable_dir: ExecutableDir | str | os.PathLike | None = None, grammars: bool = False):
         """``model`` may be abstract (shape-only parameters): while its weights load, its stored programs can be
         loaded (`load_stored_programs`, then `prepare_programs` allocates the pools) or the missing ones traced
         and lowered (`lower_start_programs`); `attach` gives it the loaded model before `warmup`. Its pools are

@@ -1,6 +1,7 @@
 """The executable store: a restarted engine loads its programs instead of compiling them and gives the same tokens;
-a corrupt or stale entry is compiled again; a directory others can write is refused; background compiles serve
-the same tokens as a full warm-up, and each runs once while the engine idles."""
+a corrupt or stale entry is compiled again; a directory others can write is refused; the folder keeps within its
+size, least recently used first; background compiles serve the same tokens as a full warm-up, and each runs once
+while the engine idles."""
 
 import json
 import logging
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 import hybrid_jax
+from hybrid_jax.compilation_cache import ExecutableDir, executable_dir
 from hybrid_jax.engine import programs
 from hybrid_jax.engine.engine import Engine, EngineConfig
 from hybrid_jax.engine.programs import ExecutableStore, Programs, StoreError, _unwrap, _wrap, stored_value
@@ -152,6 +154,76 @@ def test_stored_values_are_read_back_bitwise_and_rebuilt_when_corrupt(tmp_path, 
     assert "unusable" in caplog.text and "checksum" in caplog.text
     assert jax.tree.all(jax.tree.map(lambda x, y: bool((x == y).all()), made, rebuilt))
     assert store.load_value("noise", store.key("noise (value)", {}, args)) is not None
+
+
+def write_values(store: ExecutableStore, names: str, mtimes: list[float] | None = None) -> dict[str, Path]:
+    """An entry of 1 KiB per name in ``names``, stored in turn (its mtime set after, if given); their paths."""
+    paths = {}
+    for i, name in enumerate(names):
+        key = store.key(name, {}, ())
+        assert store.save_value(name, key, np.full(256, i, np.float32))
+        paths[name] = store.path(key)
+        if mtimes is not None:
+            os.utime(paths[name], (mtimes[i], mtimes[i]))
+    return paths
+
+
+def entry_bytes(tmp_path: Path) -> int:
+    """The size of one `write_values` entry."""
+    probe = ExecutableStore(ExecutableDir(tmp_path / "probe", None), jax.devices()[:1])
+    return write_values(probe, "a")["a"].stat().st_size
+
+
+def test_the_folder_keeps_within_its_size_least_recently_used_first(tmp_path, caplog):
+    size, hour_ago = entry_bytes(tmp_path), time.time() - 3600
+    store = ExecutableStore(ExecutableDir(tmp_path / "x", 3 * size), jax.devices()[:1])
+    paths = write_values(store, "abc", [hour_ago, hour_ago + 10, hour_ago + 20])
+    assert store.load_value("a", store.key("a", {}, ())) is not None  # a load makes "a" the most recent
+    with caplog.at_level(logging.INFO, "hybrid_jax.engine"):
+        paths |= write_values(store, "d")
+    assert {name for name, path in paths.items() if path.exists()} == {"a", "c", "d"}
+    assert "removed the 1 least recently used entries" in caplog.text
+    assert "loaded or written since this engine started" not in caplog.text  # "b" was an hour old
+
+    unlimited = ExecutableStore(ExecutableDir(tmp_path / "y", None), jax.devices()[:1])
+    assert all(path.exists() for path in write_values(unlimited, "abcdef").values())
+
+
+def test_a_limit_below_the_programs_in_use_is_reported(tmp_path, caplog):
+    store = ExecutableStore(ExecutableDir(tmp_path / "x", 2 * entry_bytes(tmp_path)), jax.devices()[:1])
+    paths = write_values(store, "abc")  # all three written by this engine: the oldest goes, with a warning
+    assert [path.exists() for path in paths.values()] == [False, True, True]
+    assert "1 of them were loaded or written since this engine started" in caplog.text
+    assert "--executable-cache-size" in caplog.text
+
+
+def test_partial_writes_of_dead_processes_are_removed(tmp_path):
+    store = ExecutableStore(ExecutableDir(tmp_path / "x", None), jax.devices()[:1])
+    dead, live = store.directory / "0123.tmp999-1", store.directory / "4567.tmp998-2"
+    for path, age in ((dead, 2 * programs.PARTIAL_WRITE_S), (live, 5)):
+        path.write_bytes(b"partial")
+        os.utime(path, (time.time() - age, time.time() - age))
+    write_values(store, "a")
+    assert not dead.exists() and live.exists()
+
+
+def test_a_folder_that_cannot_be_trimmed_still_stores(tmp_path, monkeypatch, caplog):
+    store = ExecutableStore(ExecutableDir(tmp_path / "x", 1), jax.devices()[:1])
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    paths = write_values(store, "ab")
+    assert all(path.exists() for path in paths.values()) and "cannot keep" in caplog.text
+
+
+def test_cache_sizes_are_checked_where_given(tmp_path):
+    assert executable_dir(tmp_path, 0.5) == ExecutableDir(tmp_path / "executables", 2**29)
+    assert executable_dir(tmp_path, 0).max_bytes is None  # no limit
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="executable_cache_size"):
+            executable_dir(tmp_path, bad)
+    assert ExecutableStore(tmp_path / "bare", jax.devices()[:1]).max_bytes == ExecutableDir(tmp_path).max_bytes
 
 
 def test_nothing_is_written_on_the_cpu_while_jaxs_cache_is_on(tmp_path, caplog):

@@ -116,3 +116,21 @@ def test_settings_from_env_round_trip():
     assert Settings.from_env({}) == Settings()
     with pytest.raises(ValueError, match="HYBRID_JAX_MAX_BATCH"):
         Settings.from_env({"HYBRID_JAX_MAX_BATCH": "many"})
+
+
+def test_executable_cache_size_reaches_the_engine(monkeypatch):
+    import hybrid_jax.engine.llm
+    import server.cli
+    from hybrid_jax.cli import parser
+    from server.backend import default_llm
+
+    served = []
+    monkeypatch.setattr(server.cli, "serve", lambda settings, *where: served.append(settings))
+    args = parser(server.cli.add_serve).parse_args(["serve", "--executable-cache-size", "2.5"])
+    args.run(args)
+    assert served[0].executable_cache_size == 2.5
+    monkeypatch.setattr(hybrid_jax.engine.llm, "LLM", lambda *args, **options: options)
+    assert default_llm(served[0])["executable_cache_size"] == 2.5
+    assert Settings.from_env({"HYBRID_JAX_EXECUTABLE_CACHE_SIZE": "0"}).executable_cache_size == 0
+    with pytest.raises(SystemExit):
+        parser(server.cli.add_serve).parse_args(["serve", "--executable-cache-size", "-1"])
