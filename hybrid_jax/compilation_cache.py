@@ -11,6 +11,8 @@ cache is keyed by the programs themselves and grows only as they change; JAX bou
 from __future__ import annotations
 
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +36,32 @@ def executable_dir(path: str | Path, max_gib: float = DEFAULT_EXECUTABLES_GIB) -
     return ExecutableDir(Path(path).expanduser() / "executables", int(max_gib * 2**30) if max_gib else None)
 
 
+class CacheDirError(ValueError):
+    """A directory that cannot hold compiled programs safely: not creatable, another user's, or writable by
+    group or others."""
+
+
+def private_dir(directory: Path) -> Path:
+    """``directory``, created (mode 0700) if missing. A compiled program is code that runs when loaded, so
+    CacheDirError unless the directory is this user's own and neither group nor others can write it."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.stat()
+    except OSError as e:
+        raise CacheDirError(f"compilation_cache_dir: cannot create {directory}: {e}") from e
+    if info.st_uid != os.getuid():
+        raise CacheDirError(f"compilation_cache_dir: {directory} belongs to another user (uid {info.st_uid}); "
+                            "compiled programs are code, so only a directory of your own is used")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheDirError(f"compilation_cache_dir: {directory} is writable by group or others "
+                            f"(mode {stat.S_IMODE(info.st_mode):o}); compiled programs are code: "
+                            f"`chmod go-w {directory}` or choose another directory")
+    return directory
+
+
 def enable_compilation_cache(path: str | Path) -> Path | None:
-    """Keep compiled programs under ``path`` across runs; returns the directory in use (None: none).
+    """Keep compiled programs under ``path`` (a `private_dir`) across runs; returns the directory in use (None:
+    none).
 
     A cache this process already configured (an earlier call, or the caller's own jax settings) is kept:
     JAX reads the setting once, at its first compile.
@@ -44,11 +70,7 @@ def enable_compilation_cache(path: str | Path) -> Path | None:
 
     if jax.config.jax_compilation_cache_dir:
         return Path(jax.config.jax_compilation_cache_dir)
-    directory = Path(path).expanduser()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"compilation_cache_dir: cannot create {directory}: {e}") from e
+    directory = private_dir(Path(path).expanduser())
     jax.config.update("jax_compilation_cache_dir", str(directory))
     # Every program, the many small eager ones too (building random weights compiles one per parameter shape).
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

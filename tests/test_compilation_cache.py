@@ -1,5 +1,7 @@
-"""The persistent compilation cache: set once per process, at the given directory, and filled by a compile."""
+"""The persistent compilation cache: set once per process, at the given directory (one of the user's own, that
+group and others cannot write), and filled by a compile."""
 
+import stat
 import subprocess
 import sys
 
@@ -28,4 +30,18 @@ def test_unusable_cache_dir_names_the_setting(tmp_path):
     script = "from hybrid_jax.compilation_cache import enable_compilation_cache as e; e(__import__('sys').argv[1])"
     out = subprocess.run([sys.executable, "-c", script, str(blocker / "xla")], capture_output=True, text=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
-    assert out.returncode != 0 and "ValueError: compilation_cache_dir: cannot create" in out.stderr
+    assert out.returncode != 0 and "CacheDirError: compilation_cache_dir: cannot create" in out.stderr
+
+
+def test_a_directory_others_can_write_is_refused_and_a_new_one_is_private(tmp_path):
+    script = ("import os, sys; os.umask(0o002); from hybrid_jax.compilation_cache import enable_compilation_cache; "
+              "enable_compilation_cache(sys.argv[1])")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    for directory, refused in ((shared, True), (tmp_path / "new" / "xla", False)):
+        out = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True,
+                             env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+        assert (out.returncode != 0) == refused, out.stderr[-2000:]
+        assert ("writable by group or others" in out.stderr) == refused
+    assert stat.S_IMODE((tmp_path / "new" / "xla").stat().st_mode) == 0o700  # despite the umask

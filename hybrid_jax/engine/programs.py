@@ -37,7 +37,7 @@ import numpy as np
 from jax.experimental import serialize_executable
 from tqdm import tqdm
 
-from hybrid_jax.compilation_cache import ExecutableDir
+from hybrid_jax.compilation_cache import ExecutableDir, private_dir
 
 log = logging.getLogger("hybrid_jax.engine")
 
@@ -94,10 +94,6 @@ def signature(args: Any) -> str:
     return json.dumps([str(tree), [leaf(x) for x in leaves]])
 
 
-class StoreError(ValueError):
-    """The directory cannot hold executables safely (not ours, writable by others, or not creatable)."""
-
-
 class ExecutableStore:
     """Serialized executables in one directory of the current user's, one file per key, kept under a size."""
 
@@ -112,11 +108,7 @@ class ExecutableStore:
         self._trim_lock = threading.Lock()
         self._opened = time.time()  # entries with a later mtime were loaded or written since
         self._warned = self._warned_small = False  # the one-time warnings: not written; limit too small
-        try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"compilation_cache_dir: cannot create {self.directory}: {e}") from e
-        check_private(self.directory)
+        private_dir(self.directory)
         if self.devices[0].platform == "cpu":
             with _LAPACK_LOCK:  # once: the engine's store and the weights' are made on two threads at once
                 _initialize_lapack()
@@ -250,18 +242,6 @@ class ExecutableStore:
 def xla_cache_on() -> bool:
     """Whether JAX's persistent compilation cache is in use in this process."""
     return bool(jax.config.jax_compilation_cache_dir) and bool(jax.config.jax_enable_compilation_cache)
-
-
-def check_private(directory: Path) -> None:
-    """Raise StoreError unless ``directory`` is owned by this user and not writable by group or others."""
-    info = directory.stat()
-    if info.st_uid != os.getuid():
-        raise StoreError(f"compilation_cache_dir: {directory} belongs to another user (uid {info.st_uid}); "
-                         "serialized executables are code, so only a directory of your own is used")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise StoreError(f"compilation_cache_dir: {directory} is writable by group or others "
-                         f"(mode {stat.S_IMODE(info.st_mode):o}); serialized executables are code: "
-                         f"`chmod go-w {directory}` or choose another directory")
 
 
 @cache

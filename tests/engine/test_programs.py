@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import hybrid_jax
-from hybrid_jax.compilation_cache import ExecutableDir, executable_dir
+from hybrid_jax.compilation_cache import CacheDirError, ExecutableDir, executable_dir
 from hybrid_jax.engine import programs
 from hybrid_jax.engine.engine import Engine, EngineConfig
-from hybrid_jax.engine.programs import ExecutableStore, Programs, StoreError, _unwrap, _wrap, stored_value
+from hybrid_jax.engine.programs import ExecutableStore, Programs, _unwrap, _wrap, stored_value
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +119,7 @@ def test_a_directory_others_can_write_is_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(StoreError, match="writable by group or others"):
+    with pytest.raises(CacheDirError, match="writable by group or others"):
         ExecutableStore(shared, jax.devices()[:1])
     shared.chmod(0o755)
     ExecutableStore(shared, jax.devices()[:1])
