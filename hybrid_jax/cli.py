@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from hybrid_jax.compilation_cache import DEFAULT_DIR as DEFAULT_CACHE_DIR
-from hybrid_jax.compilation_cache import DEFAULT_EXECUTABLES_GIB
+from hybrid_jax.compilation_cache import DEFAULT_EXECUTABLES_GIB, size_limit
 from hybrid_jax.engine.sampling_params import SamplingParams
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
@@ -42,16 +41,18 @@ def add_model_args(parser: argparse.ArgumentParser, max_batch: int, max_model_le
                              "powers of two up to --max-batch; fewer sizes: a faster start, more padding)")
     parser.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE_DIR,
                         help=f"keep compiled programs here across runs (default {DEFAULT_CACHE_DIR}; '' disables)")
-    parser.add_argument("--executable-cache-size", type=gib, default=DEFAULT_EXECUTABLES_GIB,
+    parser.add_argument("--executable-cache-size", type=executable_cache_size, default=DEFAULT_EXECUTABLES_GIB,
                         help="GiB of disk the serialized programs under --compilation-cache-dir may take, the least "
                              f"recently used removed first (default {DEFAULT_EXECUTABLES_GIB:g}; 0: no limit)")
 
 
-def gib(text: str) -> float:
-    """An argparse type: a size in GiB, >= 0."""
-    value = float(text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a size in GiB >= 0, got {text!r}")
+def executable_cache_size(text: str) -> float:
+    """The argparse type of --executable-cache-size: GiB, as `size_limit` takes them."""
+    try:
+        value = float(text)
+        size_limit(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a size in GiB >= 0, got {text!r}") from None
     return value
 
 

@@ -20,20 +20,26 @@ DEFAULT_DIR = "~/.cache/hybrid_jax/xla"
 DEFAULT_EXECUTABLES_GIB = 10.0
 
 
+def size_limit(max_gib: float) -> int | None:
+    """``max_gib`` GiB in bytes (0: None, no limit); ValueError naming executable_cache_size unless it is finite
+    and >= 0."""
+    if not 0 <= max_gib < math.inf:
+        raise ValueError(f"executable_cache_size: must be a size in GiB >= 0, got {max_gib}")
+    return int(max_gib * 2**30) if max_gib else None
+
+
 @dataclass(frozen=True)
 class ExecutableDir:
     """The folder of the engine's serialized executables and the most disk they may take (None: no limit)."""
 
     path: Path
-    max_bytes: int | None = int(DEFAULT_EXECUTABLES_GIB * 2**30)
+    max_bytes: int | None = size_limit(DEFAULT_EXECUTABLES_GIB)
 
 
 def executable_dir(path: str | Path, max_gib: float = DEFAULT_EXECUTABLES_GIB) -> ExecutableDir:
     """The engine's serialized executables under the cache directory ``path``, kept under ``max_gib`` GiB
-    (0: no limit)."""
-    if not 0 <= max_gib < math.inf:
-        raise ValueError(f"executable_cache_size: must be a size in GiB >= 0, got {max_gib}")
-    return ExecutableDir(Path(path).expanduser() / "executables", int(max_gib * 2**30) if max_gib else None)
+    (`size_limit`)."""
+    return ExecutableDir(Path(path).expanduser() / "executables", size_limit(max_gib))
 
 
 class CacheDirError(ValueError):

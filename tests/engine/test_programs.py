@@ -157,7 +157,7 @@ def test_stored_values_are_read_back_bitwise_and_rebuilt_when_corrupt(tmp_path, 
 
 
 def write_values(store: ExecutableStore, names: str, mtimes: list[float] | None = None) -> dict[str, Path]:
-    """An entry of 1 KiB per name in ``names``, stored in turn (its mtime set after, if given); their paths."""
+    """An entry of ~1 KiB per name in ``names``, stored in turn (its mtime set after, if given); their paths."""
     paths = {}
     for i, name in enumerate(names):
         key = store.key(name, {}, ())
@@ -209,6 +209,7 @@ def test_partial_writes_of_dead_processes_are_removed(tmp_path):
 
 def test_a_folder_that_cannot_be_trimmed_still_stores(tmp_path, monkeypatch, caplog):
     store = ExecutableStore(ExecutableDir(tmp_path / "x", 1), jax.devices()[:1])
+
     def refuse(*args, **kwargs):
         raise PermissionError("read-only")
 
